@@ -1,0 +1,170 @@
+"""`compute_gae`: the public entry point. Validates arguments, then dispatches by device.
+
+CUDA tensors run the Triton kernel; CPU tensors run the pure-torch reference, or the Triton
+kernel under Triton's interpreter when `TRITON_INTERPRET=1` was set before import (that is how
+CI tests the kernel without a GPU). The semantics are documented in `kernels/README.md`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from kernels.reference import gae_reference
+
+try:  # Triton is optional on the CPU path (it is not installable everywhere).
+    from kernels.triton_gae import launch_gae
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    launch_gae = None
+
+CORRECTNESS_CHECKS_ENV = "RL_TRITON_CORRECTNESS_WARNINGS"
+FLAG_DTYPES = (torch.bool, torch.uint8, torch.float32, torch.float64)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminateds: torch.Tensor,
+    truncateds: torch.Tensor | None = None,
+    *,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+    bootstrap_values: torch.Tensor | None = None,
+    last_value: torch.Tensor | None = None,
+    advantages: torch.Tensor | None = None,
+    returns: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over `[num_envs, seq_len]` rollouts.
+
+    Args:
+        rewards: `[N, T]` float, the reward of step t.
+        values: `[N, T]` float32 (float64 on CPU), `V(s_t)`.
+        terminateds: `[N, T]` bool/uint8/float, the episode ended in a terminal state at step t.
+        truncateds: `[N, T]` bool/uint8/float, the episode was cut (time limit) at step t.
+            Needs `bootstrap_values`. Mutually exclusive with `terminateds` at a step.
+        gamma, lam: discount and GAE lambda, each in [0, 1].
+        bootstrap_values: `[N, T]` same dtype as `values`, the true `V(s_{t+1})` at truncated
+            steps and at the last column; zero elsewhere.
+        last_value: `[N]`, `V(s_T)`: shorthand for `bootstrap_values[:, -1]` when there are no
+            interior truncations. With neither this nor `bootstrap_values`, `V(s_T) = 0`.
+        advantages, returns: optional `[N, T]` outputs (dtype of `values`, any strides), written
+            in place.
+
+    Any strides work: a time-major `[T, N]` buffer passed as `buf.rewards.T` is read in place.
+    Returns `(advantages, returns)`, with `A_T = 0` and `returns = advantages + values`.
+    Raises `TypeError`/`ValueError` naming the offending argument.
+    """
+    _check_tensor("values", values)
+    if values.dim() != 2:
+        raise ValueError(f"compute_gae: `values` must be 2-D [num_envs, seq_len], got shape {tuple(values.shape)}")
+    shape, device, dtype = values.shape, values.device, values.dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"compute_gae: `values` must be float32 (or float64 on CPU), got {dtype}")
+    if dtype == torch.float64 and device.type != "cpu":
+        raise TypeError(f"compute_gae: float64 is supported on the CPU path only; `values` is float64 on {device}")
+    _check_like("rewards", rewards, shape, device, dtype)
+    _check_like("terminateds", terminateds, shape, device, None)
+    if truncateds is not None:
+        _check_like("truncateds", truncateds, shape, device, None)
+        if bootstrap_values is None:
+            raise ValueError(
+                "compute_gae: `truncateds` needs `bootstrap_values` (the true V(s_{t+1}) at truncated steps); "
+                "without it the continuation value there would silently be 0"
+            )
+    if bootstrap_values is not None:
+        if last_value is not None:
+            raise ValueError(
+                "compute_gae: pass either `last_value` or `bootstrap_values`, not both "
+                "(`last_value` stands for `bootstrap_values[:, -1]`)"
+            )
+        _check_like("bootstrap_values", bootstrap_values, shape, device, dtype)
+    if last_value is not None:
+        _check_like("last_value", last_value, shape[:1], device, dtype)
+    gamma = _check_unit_interval("gamma", gamma)
+    lam = _check_unit_interval("lam", lam)
+    inputs = (rewards, values, terminateds, truncateds, bootstrap_values, last_value)
+    advantages = _output("advantages", advantages, values, inputs)
+    returns = _output("returns", returns, values, inputs)
+    if advantages.data_ptr() == returns.data_ptr() and advantages.numel() > 0:
+        raise ValueError("compute_gae: `advantages` and `returns` must not share memory")
+
+    if values.numel() == 0:
+        return advantages, returns
+    if os.environ.get(CORRECTNESS_CHECKS_ENV, "0") not in ("", "0"):
+        check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
+
+    use_triton = device.type == "cuda" or (_INTERPRET and dtype == torch.float32)
+    if use_triton:
+        if launch_gae is None:
+            raise RuntimeError("compute_gae: CUDA tensors need Triton, which is not installed")
+        launch_gae(rewards, values, terminateds, truncateds, bootstrap_values, last_value,
+                   gamma, lam, advantages, returns)
+    else:
+        gae_reference(rewards, values, terminateds, truncateds, bootstrap_values, last_value,
+                      gamma, lam, advantages, returns)
+    return advantages, returns
+
+
+def check_flags_and_bootstrap(
+    terminateds: torch.Tensor, truncateds: torch.Tensor | None, bootstrap_values: torch.Tensor | None
+) -> None:
+    """Raise `ValueError` at the first step that is both terminated and truncated, or that has a
+    nonzero bootstrap value away from a truncation and the last column. Syncs with the device."""
+    terminated = terminateds != 0
+    truncated = truncateds != 0 if truncateds is not None else torch.zeros_like(terminated)
+    both = terminated & truncated
+    if bool(both.any()):
+        env, step = (int(i) for i in both.nonzero()[0])
+        raise ValueError(f"compute_gae: env {env}, step {step} is both terminated and truncated")
+    if bootstrap_values is not None:
+        stray = (bootstrap_values != 0) & ~truncated
+        stray[:, -1] = False
+        if bool(stray.any()):
+            env, step = (int(i) for i in stray.nonzero()[0])
+            raise ValueError(
+                f"compute_gae: `bootstrap_values` is nonzero ({float(bootstrap_values[env, step])}) at env {env}, "
+                f"step {step}, which is neither truncated nor the last column"
+            )
+
+
+def _check_tensor(name: str, x: object) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"compute_gae: `{name}` must be a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_like(name: str, x: object, shape: torch.Size, device: torch.device, dtype: torch.dtype | None) -> None:
+    """`x` must have `shape` and `device`, and `dtype` (or a flag dtype when `dtype` is None)."""
+    _check_tensor(name, x)
+    if x.shape != shape:
+        expected = "[num_envs]" if len(shape) == 1 else "[num_envs, seq_len]"
+        raise ValueError(f"compute_gae: `{name}` must have shape {tuple(shape)} {expected}, got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"compute_gae: `{name}` is on {x.device} but `values` is on {device}")
+    if dtype is None:
+        if x.dtype not in FLAG_DTYPES:
+            raise TypeError(f"compute_gae: `{name}` must be bool, uint8, float32 or float64, got {x.dtype}")
+    elif x.dtype != dtype:
+        raise TypeError(f"compute_gae: `{name}` must have the dtype of `values` ({dtype}), got {x.dtype}")
+
+
+def _check_unit_interval(name: str, x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"compute_gae: `{name}` must be a float in [0, 1], got {type(x).__name__}")
+    if not (0.0 <= x <= 1.0) or math.isnan(x):
+        raise ValueError(f"compute_gae: `{name}` must be in [0, 1], got {x}")
+    return float(x)
+
+
+def _output(name: str, out: torch.Tensor | None, values: torch.Tensor, inputs: tuple) -> torch.Tensor:
+    if out is None:
+        return torch.empty_like(values)  # keeps a time-major layout time-major
+    _check_like(name, out, values.shape, values.device, values.dtype)
+    for size, stride in zip(out.shape, out.stride()):
+        if stride == 0 and size > 1:
+            raise ValueError(f"compute_gae: `{name}` has a zero stride (an expanded view); it must own its elements")
+    if out.numel() > 0 and any(x is not None and x.data_ptr() == out.data_ptr() for x in inputs):
+        raise ValueError(f"compute_gae: `{name}` must not share memory with an input")
+    return out

@@ -1,0 +1,269 @@
+"""Time compute_gae on CUDA against a CleanRL-style loop, torch.compile and a device copy, in one run.
+
+    python scripts/benchmark_gae.py                      # every shape, both layouts
+    python scripts/benchmark_gae.py --shapes 1x2048 16x1048576 --no-compile
+
+Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
+  call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
+  device    device time of the same call (CUDA-graph replay, so no launch gaps)
+  GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
+            4+4 outputs) over its device time; %copy is that over the big-copy bandwidth
+  copy      a device-to-device copy of the same bytes (the floor)
+  loop      CleanRL's reverse Python loop of torch ops (only for short rows: it is slow)
+  compile   torch.compile of a vectorised GAE built on torch's associative_scan
+  call/empty  the full call over a launch of an empty Triton kernel, measured in the same run
+Times are medians. Small shapes are launch-bound; compare them only inside one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import compute_gae  # noqa: E402
+
+DEFAULT_SHAPES = ["1x2048", "64x256", "4096x32", "4096x128", "1024x1024", "16384x1024",
+                  "16x65536", "4x131072", "1x1048576", "16x1048576"]
+BYTES_PER_ELEMENT = 22
+GAMMA, LAM = 0.99, 0.95
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+def median_time_us(fn, calls: int, repeats: int = 15) -> float:
+    """Median over `repeats` of (CUDA-event time of `calls` back-to-back fn() calls) / calls."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def graph_time_us(fn, calls: int, repeats: int = 15) -> float:
+    """Device time per fn() call: a CUDA graph of `calls` calls, replayed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return median_time_us(graph.replay, 1, repeats) / calls
+
+
+def make_inputs(num_envs: int, num_steps: int, time_major: bool) -> dict[str, torch.Tensor]:
+    shape = (num_steps, num_envs) if time_major else (num_envs, num_steps)
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def layout(x):
+        return x.T if time_major else x
+
+    done = torch.rand(shape, device="cuda", generator=g) < 0.001
+    terminated = done & (torch.rand(shape, device="cuda", generator=g) < 0.5)
+    truncated = done & ~terminated
+    bootstrap = torch.where(truncated, torch.randn(shape, device="cuda", generator=g), 0.0)
+    rollout = {
+        "rewards": layout(torch.randn(shape, device="cuda", generator=g)),
+        "values": layout(torch.randn(shape, device="cuda", generator=g)),
+        "terminateds": layout(terminated),
+        "truncateds": layout(truncated),
+        "bootstrap_values": layout(bootstrap),
+    }
+    rollout["bootstrap_values"][:, -1] = torch.randn(num_envs, device="cuda", generator=g)
+    rollout["advantages"] = layout(torch.full(shape, float("nan"), device="cuda"))
+    rollout["returns"] = layout(torch.full(shape, float("nan"), device="cuda"))
+    return rollout
+
+
+def cleanrl_loop(rewards, values, terminateds, truncateds, bootstrap_values, gamma, lam):
+    """CleanRL's ppo_continuous_action GAE, time-major, with truncation bootstrap added."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextvalues = bootstrap_values[t]
+        else:
+            nextvalues = torch.where(truncateds[t], bootstrap_values[t], values[t + 1])
+        nextnonterminal = 1.0 - terminateds[t].float()
+        notdone = 1.0 - (terminateds[t] | truncateds[t]).float()
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * lam * notdone * lastgaelam
+    return advantages, advantages + values
+
+
+def _compose_later_first(later, current):
+    return current[0] + current[1] * later[0], current[1] * later[1]
+
+
+def _compose_current_first(current, later):
+    return current[0] + current[1] * later[0], current[1] * later[1]
+
+
+def make_vectorised_gae(combine):
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def vectorised_gae(rewards, values, terminateds, truncateds, bootstrap_values, gamma, lam):
+        next_values = torch.cat([values[:, 1:], bootstrap_values[:, -1:]], dim=1)
+        next_values = torch.where(truncateds, bootstrap_values, next_values)
+        next_values = torch.where(terminateds, 0.0, next_values)
+        deltas = rewards + gamma * next_values - values
+        decays = (~(terminateds | truncateds)).float() * (gamma * lam)
+        advantages, _ = associative_scan(combine, (deltas, decays), dim=1, reverse=True)
+        return advantages, advantages + values
+
+    return vectorised_gae
+
+
+def reference_check(x: dict[str, torch.Tensor]) -> float:
+    """Max |ours - float64 numpy loop| for rows of any length (used on the long-row shapes)."""
+    r, v, b = (x[k].double().cpu().numpy() for k in ("rewards", "values", "bootstrap_values"))
+    term, trunc = x["terminateds"].cpu().numpy(), x["truncateds"].cpu().numpy()
+    next_v = np.concatenate([v[:, 1:], b[:, -1:]], axis=1)
+    next_v = np.where(trunc, b, next_v)
+    next_v = np.where(term, 0.0, next_v)
+    delta = np.ascontiguousarray((r + GAMMA * next_v - v).T)
+    beta = np.ascontiguousarray(((~(term | trunc)) * (GAMMA * LAM)).T)
+    adv = np.empty_like(delta)
+    acc = np.zeros(delta.shape[1])
+    for t in range(delta.shape[0] - 1, -1, -1):
+        acc = delta[t] + beta[t] * acc
+        adv[t] = acc
+    return float(np.abs(adv.T - x["advantages"].double().cpu().numpy()).max())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="NxT shapes")
+    parser.add_argument("--layouts", nargs="+", default=["env", "time"], choices=["env", "time"])
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--compile-budget-s", type=float, default=240.0, help="stop compiling after this long")
+    parser.add_argument("--loop-max-steps", type=int, default=2048, help="run the Python loop only for T <= this")
+    parser.add_argument("--check-max-elements", type=int, default=1 << 24, help="float64 check up to N*T")
+    parser.add_argument("--json", type=Path, help="write every measurement here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmark_gae.py needs a CUDA GPU")
+
+    device_name = torch.cuda.get_device_name()
+    print(f"# {device_name}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    big_out = torch.empty_like(big)
+    copy_bw = 2 * big.numel() / (graph_time_us(lambda: big_out.copy_(big), 5) * 1e-6)
+    del big, big_out
+    dummy = torch.empty(1, device="cuda")
+    empty_us = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
+    print(f"# copy bandwidth {copy_bw / 1e12:.2f} TB/s (1 GiB device-to-device, read + write); "
+          f"empty Triton kernel launch {empty_us:.2f} us", flush=True)
+
+    combine = None
+    compile_spent = 0.0
+    rows = []
+    header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'device us':>9} {'GB/s':>7} {'%copy':>6} "
+              f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'call/empty':>10} {'max err':>8}")
+    print(header, flush=True)
+    for spec in args.shapes:
+        num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
+        elements = num_envs * num_steps
+        nbytes = BYTES_PER_ELEMENT * elements
+        for layout in args.layouts:
+            x = make_inputs(num_envs, num_steps, layout == "time")
+            gae_args = {k: x[k] for k in ("rewards", "values", "terminateds", "truncateds")}
+
+            def ours():
+                compute_gae(**gae_args, gamma=GAMMA, lam=LAM, bootstrap_values=x["bootstrap_values"],
+                            advantages=x["advantages"], returns=x["returns"])
+
+            calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
+            call_us = median_time_us(ours, calls)
+            device_us = graph_time_us(ours, calls)
+            error = reference_check(x) if elements <= args.check_max_elements and num_envs <= 16 else float("nan")
+
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            copy_us = graph_time_us(lambda: dst.copy_(src), calls)
+            del src, dst
+
+            loop_us = float("nan")
+            if num_steps <= args.loop_max_steps:
+                tm = {k: v.T for k, v in x.items()}  # CleanRL indexes time first
+                loop = lambda: cleanrl_loop(tm["rewards"], tm["values"], tm["terminateds"], tm["truncateds"],  # noqa: E731
+                                            tm["bootstrap_values"], GAMMA, LAM)
+                loop()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    loop()
+                torch.cuda.synchronize()
+                loop_us = (time.perf_counter() - t0) / 3 * 1e6
+
+            compile_us = float("nan")
+            if not args.no_compile and compile_spent < args.compile_budget_s:
+                t0 = time.perf_counter()
+                try:
+                    if combine is None:
+                        combine = pick_combine_order(x, gae_args)
+                    compiled = torch.compile(make_vectorised_gae(combine), dynamic=False)
+                    run = lambda: compiled(**gae_args, bootstrap_values=x["bootstrap_values"], gamma=GAMMA, lam=LAM)  # noqa: E731
+                    got, _ = run()
+                    torch.testing.assert_close(got, x["advantages"], rtol=1e-4, atol=1e-3)
+                    compile_us = median_time_us(run, calls)
+                except Exception as e:  # report, don't hide: the baseline is optional
+                    print(f"# torch.compile baseline failed at {spec}/{layout}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}", flush=True)
+                    args.no_compile = True
+                compile_spent += time.perf_counter() - t0
+
+            gbps = nbytes / (device_us * 1e-6) / 1e9
+            row = {"shape": spec, "layout": layout, "call_us": call_us, "device_us": device_us, "gb_per_s": gbps,
+                   "fraction_of_copy_bw": gbps * 1e9 / copy_bw, "copy_us": copy_us, "loop_us": loop_us,
+                   "compile_us": compile_us, "call_over_empty": call_us / empty_us, "max_abs_error": error}
+            rows.append(row)
+            print(f"{spec:>12} {layout:>6} {call_us:9.2f} {device_us:9.2f} {gbps:7.0f} "
+                  f"{100 * row['fraction_of_copy_bw']:5.0f}% {copy_us:8.2f} {loop_us:10.0f} {compile_us:10.2f} "
+                  f"{row['call_over_empty']:10.2f} {error:8.1e}", flush=True)
+            del x, gae_args
+            torch.cuda.empty_cache()
+
+    empty_after = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
+    print(f"# empty Triton kernel launch again at the end: {empty_after:.2f} us", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"device": device_name, "copy_bw": copy_bw, "empty_us": empty_us,
+                                         "empty_us_end": empty_after, "rows": rows}, indent=1))
+
+
+def pick_combine_order(x, gae_args):
+    """torch's associative_scan does not document the operand order of a reverse scan: try both."""
+    small = {k: v[:4, :64] for k, v in gae_args.items()}
+    boot = x["bootstrap_values"][:4, :64].clone()
+    boot[:, -1] = 0
+    expected, _ = compute_gae(**small, bootstrap_values=boot, gamma=GAMMA, lam=LAM)
+    for combine in (_compose_later_first, _compose_current_first):
+        got, _ = torch.compile(make_vectorised_gae(combine))(**small, bootstrap_values=boot, gamma=GAMMA, lam=LAM)
+        if torch.allclose(got, expected, rtol=1e-4, atol=1e-4):
+            return combine
+    raise RuntimeError("neither operand order of torch associative_scan reproduces GAE")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Every bad input to compute_gae raises a TypeError/ValueError that names the argument."""
+
+import pytest
+import torch
+
+from kernels import compute_gae
+from tests.rollouts import random_rollout
+
+
+def rollout(**overrides):
+    args = random_rollout(3, 8, density=0.2, seed=1)
+    args.update(overrides)
+    return args
+
+
+BAD_INPUTS = [
+    ("rewards not a tensor", {"rewards": [[0.0] * 8] * 3}, TypeError, "`rewards` must be a torch.Tensor"),
+    ("values 1-D", {"values": torch.zeros(8)}, ValueError, r"`values` must be 2-D"),
+    ("values int", {"values": torch.zeros(3, 8, dtype=torch.int32)}, TypeError, "`values` must be float32"),
+    ("values float16", {"values": torch.zeros(3, 8, dtype=torch.float16)}, TypeError, "`values` must be float32"),
+    ("rewards wrong shape", {"rewards": torch.zeros(3, 7)}, ValueError, r"`rewards` must have shape \(3, 8\)"),
+    ("terminateds wrong shape", {"terminateds": torch.zeros(8, 3, dtype=torch.bool)}, ValueError,
+     r"`terminateds` must have shape \(3, 8\) \[num_envs, seq_len\], got \(8, 3\)"),
+    ("rewards float64 beside float32 values", {"rewards": torch.zeros(3, 8, dtype=torch.float64)}, TypeError,
+     r"`rewards` must have the dtype of `values` \(torch.float32\), got torch.float64"),
+    ("terminateds int64", {"terminateds": torch.zeros(3, 8, dtype=torch.int64)}, TypeError,
+     "`terminateds` must be bool, uint8, float32 or float64, got torch.int64"),
+    ("truncateds without bootstrap", {"bootstrap_values": None}, ValueError,
+     "`truncateds` needs `bootstrap_values`"),
+    ("last_value with bootstrap", {"last_value": torch.zeros(3)}, ValueError,
+     "either `last_value` or `bootstrap_values`, not both"),
+    ("last_value wrong shape", {"truncateds": None, "bootstrap_values": None, "last_value": torch.zeros(3, 1)},
+     ValueError, r"`last_value` must have shape \(3,\) \[num_envs\]"),
+    ("bootstrap wrong dtype", {"bootstrap_values": torch.zeros(3, 8, dtype=torch.float64)}, TypeError,
+     "`bootstrap_values` must have the dtype of `values`"),
+    ("gamma above 1", {"gamma": 1.5}, ValueError, r"`gamma` must be in \[0, 1\], got 1.5"),
+    ("lam negative", {"lam": -0.1}, ValueError, r"`lam` must be in \[0, 1\], got -0.1"),
+    ("lam nan", {"lam": float("nan")}, ValueError, "`lam` must be in"),
+    ("gamma a string", {"gamma": "0.99"}, TypeError, "`gamma` must be a float"),
+    ("gamma a tensor", {"gamma": torch.tensor(0.99)}, TypeError, "`gamma` must be a float"),
+    ("advantages wrong shape", {"advantages": torch.zeros(3, 9)}, ValueError, "`advantages` must have shape"),
+    ("returns wrong dtype", {"returns": torch.zeros(3, 8, dtype=torch.float64)}, TypeError,
+     "`returns` must have the dtype of `values`"),
+    ("advantages expanded", {"advantages": torch.zeros(3, 1).expand(3, 8)}, ValueError, "zero stride"),
+]
+
+
+@pytest.mark.parametrize("case,overrides,error,message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_raises_naming_the_argument(case, overrides, error, message):
+    args = rollout(**overrides)
+    with pytest.raises(error, match=message):
+        compute_gae(**args)
+
+
+def test_outputs_must_not_alias_inputs_or_each_other():
+    args = rollout()
+    with pytest.raises(ValueError, match="`advantages` must not share memory with an input"):
+        compute_gae(**args, advantages=args["rewards"])
+    out = torch.empty(3, 8)
+    with pytest.raises(ValueError, match="`advantages` and `returns` must not share memory"):
+        compute_gae(**args, advantages=out, returns=out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_mismatched_devices():
+    args = rollout(rewards=random_rollout(3, 8)["rewards"].cuda())
+    with pytest.raises(ValueError, match="`rewards` is on cuda:0 but `values` is on cpu"):
+        compute_gae(**args)
+
+
+def test_mismatched_devices_on_meta():
+    # A second device without a GPU: the meta device has shapes but no data.
+    args = rollout(rewards=torch.zeros(3, 8, device="meta"))
+    with pytest.raises(ValueError, match="`rewards` is on meta but `values` is on cpu"):
+        compute_gae(**args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float64_on_cuda_is_refused():
+    args = {k: v.cuda() for k, v in rollout().items()}
+    args["values"], args["rewards"] = args["values"].double(), args["rewards"].double()
+    args["bootstrap_values"] = args["bootstrap_values"].double()
+    with pytest.raises(TypeError, match="float64 is supported on the CPU path only"):
+        compute_gae(**args)
+
+
+class TestCorrectnessChecks:
+    @pytest.fixture(autouse=True)
+    def checks_on(self, monkeypatch):
+        monkeypatch.setenv("RL_TRITON_CORRECTNESS_WARNINGS", "1")
+
+    def test_clean_rollout_passes(self):
+        compute_gae(**rollout())
+
+    def test_step_both_terminated_and_truncated(self):
+        args = rollout()
+        args["terminateds"] = torch.zeros(3, 8, dtype=torch.bool)
+        args["truncateds"] = torch.zeros(3, 8, dtype=torch.bool)
+        args["terminateds"][1, 4] = args["truncateds"][1, 4] = True
+        args["terminateds"][2, 6] = args["truncateds"][2, 6] = True
+        with pytest.raises(ValueError, match="env 1, step 4 is both terminated and truncated"):
+            compute_gae(**args)
+
+    def test_stray_bootstrap_value(self):
+        args = rollout()
+        args["truncateds"] = torch.zeros(3, 8, dtype=torch.bool)
+        args["terminateds"] = torch.zeros(3, 8, dtype=torch.bool)
+        args["bootstrap_values"] = torch.zeros(3, 8)
+        args["bootstrap_values"][:, -1] = 1.0  # the last column is allowed
+        args["bootstrap_values"][2, 3] = 0.5
+        with pytest.raises(ValueError, match=r"nonzero \(0.5\) at env 2, step 3"):
+            compute_gae(**args)
+
+    def test_checks_are_off_by_default(self, monkeypatch):
+        monkeypatch.delenv("RL_TRITON_CORRECTNESS_WARNINGS")
+        args = rollout()
+        args["terminateds"] = args["truncateds"] = torch.ones(3, 8, dtype=torch.bool)
+        compute_gae(**args)

@@ -1,0 +1,154 @@
+"""The Triton kernel against the float64 reference on random rollouts.
+
+Without a GPU the kernel runs under Triton's interpreter (conftest.py); with one, on CUDA.
+Tolerance: float32 scans of up to 1000 steps with gamma * lam = 0.94 and unit-scale inputs stay
+within ~3e-6 of float64 (measured); atol 1e-4 leaves 30x headroom and still catches any wrong
+index, flag or carry (those are off by O(1)).
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from kernels import compute_gae
+from kernels.triton_gae import launch_gae, tile_shape
+from tests.rollouts import oracle, poisoned_like, random_rollout
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {"rtol": 1e-5, "atol": 1e-4}
+
+
+def run_kernel(rollout, gamma=0.99, lam=0.95, max_block_t=None, **overrides):
+    """Kernel outputs written into NaN-poisoned tensors laid out like the inputs."""
+    args = {**rollout, **overrides}
+    advantages, returns = poisoned_like(args["values"]), poisoned_like(args["values"])
+    if max_block_t is None:
+        compute_gae(**args, gamma=gamma, lam=lam, advantages=advantages, returns=returns)
+    else:
+        launch_gae(args["rewards"], args["values"], args["terminateds"], args.get("truncateds"),
+                   args.get("bootstrap_values"), args.get("last_value"), gamma, lam,
+                   advantages, returns, max_block_t=max_block_t)
+    return advantages, returns
+
+
+def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, max_block_t=None, **overrides):
+    advantages, returns = run_kernel(rollout, gamma, lam, max_block_t, **overrides)
+    expected_adv, expected_ret = oracle(rollout, gamma, lam, **overrides)
+    assert not advantages.isnan().any() and not returns.isnan().any(), "an output element was not written"
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
+@pytest.mark.parametrize("num_envs", [1, 7, 64])
+@pytest.mark.parametrize("num_steps", [1, 2, 3, 127, 1000])
+def test_kernel_matches_reference(num_steps, num_envs, density, time_major):
+    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
+                             seed=num_steps * 1000 + num_envs)
+    assert_matches_oracle(rollout)
+
+
+@pytest.mark.parametrize("flag_dtype", [torch.bool, torch.uint8, torch.float32])
+@pytest.mark.parametrize("bootstrap", ["none", "last_value", "tensor", "tensor_with_truncateds"])
+def test_every_flag_dtype_and_bootstrap_mode(flag_dtype, bootstrap):
+    rollout = random_rollout(7, 127, density=0.1, flag_dtype=flag_dtype, device=DEVICE, seed=5)
+    if bootstrap == "none":
+        overrides = {"truncateds": None, "bootstrap_values": None}
+    elif bootstrap == "last_value":
+        overrides = {"truncateds": None, "bootstrap_values": None,
+                     "last_value": rollout["bootstrap_values"][:, -1].clone()}
+    elif bootstrap == "tensor":
+        boot = torch.zeros_like(rollout["bootstrap_values"])
+        boot[:, -1] = rollout["bootstrap_values"][:, -1]
+        overrides = {"truncateds": None, "bootstrap_values": boot}
+    else:
+        overrides = {}
+    assert_matches_oracle(rollout, **overrides)
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.0, 0.95), (1.0, 1.0), (0.99, 0.0), (0.5, 0.5)])
+def test_extreme_discounts(gamma, lam):
+    assert_matches_oracle(random_rollout(7, 127, device=DEVICE, seed=6), gamma=gamma, lam=lam)
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
+@pytest.mark.parametrize("num_envs,num_steps,max_block_t",
+                         [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (64, 1000, 64), (3, 33, 32)])
+def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major):
+    block_n, block_t = tile_shape(num_envs, num_steps, time_major, max_block_t)
+    assert num_steps > block_t, "the case must split rows into chunks"
+    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
+                             seed=num_steps + max_block_t)
+    assert_matches_oracle(rollout, max_block_t=max_block_t)
+
+
+def test_chunked_rows_with_last_value_and_no_truncations():
+    rollout = random_rollout(5, 200, density=0.02, device=DEVICE, seed=7)
+    last = rollout["bootstrap_values"][:, -1].clone()
+    assert_matches_oracle(rollout, max_block_t=16, truncateds=None, bootstrap_values=None, last_value=last)
+
+
+def test_outputs_are_allocated_in_the_layout_of_values():
+    rollout = random_rollout(8, 16, time_major=True, device=DEVICE)
+    advantages, returns = compute_gae(**rollout)
+    assert advantages.stride() == rollout["values"].stride() == returns.stride()
+    expected_adv, _ = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+
+
+def test_mixed_layouts_and_strided_views():
+    # Inputs in different layouts, and views that skip elements: every stride is honoured.
+    g = torch.Generator().manual_seed(8)
+    rewards = torch.randn(40, 9, generator=g)[::2].T.to(DEVICE)  # [9, 20], strides (1, 18)
+    values = torch.randn(9, 20, generator=g).to(DEVICE)
+    term = (torch.rand(20, 9, generator=g) < 0.1).T.to(DEVICE)
+    rollout = {"rewards": rewards, "values": values, "terminateds": term}
+    advantages = torch.full((9, 40), float("nan"), device=DEVICE)[:, ::2]
+    returns = torch.full((20, 9), float("nan"), device=DEVICE).T
+    compute_gae(**rollout, advantages=advantages, returns=returns)
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+
+
+def test_tile_shapes_cover_the_problem():
+    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [False, True]):
+        block_n, block_t = tile_shape(num_envs, num_steps, time_major)
+        assert block_n >= 1 and block_t >= 1
+        assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
+        assert block_n * block_t <= 8192
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: long rows are too slow for the interpreter")
+@pytest.mark.parametrize("density", [0.0, 0.001])
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+def test_long_rows_on_gpu(density, time_major):
+    rollout = random_rollout(4, 131072 + 17, density=density, time_major=time_major, device="cuda", seed=9)
+    assert_matches_oracle(rollout)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_many_envs_on_gpu():
+    rollout = random_rollout(3000, 1001, density=0.01, time_major=True, device="cuda", seed=10)
+    assert_matches_oracle(rollout)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_capture_replays_correctly():
+    rollout = random_rollout(16, 5000, density=0.01, device="cuda", seed=11)
+    advantages, returns = poisoned_like(rollout["values"]), poisoned_like(rollout["values"])
+    compute_gae(**rollout, advantages=advantages, returns=returns)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        compute_gae(**rollout, advantages=advantages, returns=returns)
+    advantages.fill_(float("nan"))
+    returns.fill_(float("nan"))
+    for _ in range(3):  # the look-back state is reset on every replay
+        graph.replay()
+    torch.cuda.synchronize()
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
