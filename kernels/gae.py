@@ -22,6 +22,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 CORRECTNESS_CHECKS_ENV = "RL_TRITON_CORRECTNESS_WARNINGS"
 FLAG_DTYPES = (torch.bool, torch.uint8, torch.float32, torch.float64)
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# Read once, at import: a per-call environment lookup costs as much as a kernel launch's share.
+_CORRECTNESS_CHECKS = os.environ.get(CORRECTNESS_CHECKS_ENV, "0") not in ("", "0")
 
 
 def compute_gae(
@@ -93,7 +95,7 @@ def compute_gae(
 
     if values.numel() == 0:
         return advantages, returns
-    if os.environ.get(CORRECTNESS_CHECKS_ENV, "0") not in ("", "0"):
+    if _CORRECTNESS_CHECKS:
         check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
 
     use_triton = device.type == "cuda" or (_INTERPRET and dtype == torch.float32)

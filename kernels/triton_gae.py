@@ -21,8 +21,9 @@ import triton.language as tl
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
 
 # Elements per program. Big enough to amortise the per-program scan and look-back, small enough
-# to keep every value in registers without spilling (about 16 elements per thread).
+# to keep every value in registers without spilling.
 TILE_ELEMENTS = 4096
+NUM_WARPS = 4
 MAX_BLOCK_T = 4096
 # Time-major tiles keep at least this many envs side by side so each load is a full 128-byte line.
 MIN_BLOCK_N_TIME_MAJOR = 32
@@ -60,7 +61,7 @@ def _unpack_high(word):
 def _gae_kernel(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
     advantages_ptr, returns_ptr,
-    aggregate_ptr, inclusive_ptr, ticket_ptr,  # chunked path only: look-back state
+    state_ptr,  # chunked path only: int64 [ticket, pad, aggregates..., inclusives...], zeroed
     N, T, num_chunks,
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
@@ -73,7 +74,9 @@ def _gae_kernel(
     if CHUNKED:
         # Tickets hand out chunks from the end of time, so every chunk a program waits for
         # belongs to a program that started earlier: the look-back cannot deadlock.
-        ticket = tl.atomic_add(ticket_ptr, 1).to(tl.int64)
+        ticket = tl.atomic_add(state_ptr, 1)
+        aggregate_ptr = state_ptr + 2
+        inclusive_ptr = aggregate_ptr + num_row_blocks * BLOCK_N * num_chunks
         row_block = ticket % num_row_blocks
         chunk = num_chunks - 1 - ticket // num_row_blocks
     else:
@@ -153,15 +156,22 @@ def _gae_kernel(
 
 
 @functools.lru_cache(maxsize=256)
-def tile_shape(num_envs: int, num_steps: int, time_major: bool, max_block_t: int = MAX_BLOCK_T) -> tuple[int, int]:
-    """`(BLOCK_N, BLOCK_T)` for a problem: whole rows per tile where they fit, chunks beyond."""
-    block_t = min(triton.next_power_of_2(max(num_steps, 1)), max_block_t)
-    block_n_floor = MIN_BLOCK_N_TIME_MAJOR if time_major else 1
-    block_n = max(TILE_ELEMENTS // block_t, 1)
-    if time_major and block_n < block_n_floor:
-        block_n = block_n_floor
-        block_t = max(min(block_t, TILE_ELEMENTS // block_n), 1)
-    block_n = min(block_n, triton.next_power_of_2(max(num_envs, 1)))
+def tile_shape(
+    num_envs: int, num_steps: int, time_major: bool, max_block_t: int = MAX_BLOCK_T, tile_elements: int = TILE_ELEMENTS
+) -> tuple[int, int]:
+    """`(BLOCK_N, BLOCK_T)` for a problem: whole rows per tile where they fit, chunks beyond.
+
+    Time-major tiles keep enough envs side by side for full cache lines; env-major tiles prefer
+    long rows (each row is contiguous there).
+    """
+    envs = triton.next_power_of_2(max(num_envs, 1))
+    steps = triton.next_power_of_2(max(num_steps, 1))
+    if time_major:
+        block_n = min(envs, max(MIN_BLOCK_N_TIME_MAJOR, tile_elements // steps))
+        block_t = min(steps, max_block_t, max(tile_elements // block_n, 1))
+    else:
+        block_t = min(steps, max_block_t, tile_elements)
+        block_n = min(envs, max(tile_elements // block_t, 1))
     return block_n, block_t
 
 
@@ -177,42 +187,39 @@ def launch_gae(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     max_block_t: int = MAX_BLOCK_T,
+    tile_elements: int = TILE_ELEMENTS,
+    num_warps: int = NUM_WARPS,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
     `max_block_t` (a power of two) caps the chunk length; tests lower it to exercise the
-    chunked path at small sizes.
+    chunked path at small sizes. `tile_elements` and `num_warps` are tuning knobs.
     """
     num_envs, num_steps = rewards.shape
-    time_major = values.stride(1) != 1 and values.stride(0) == 1
-    block_n, block_t = tile_shape(num_envs, num_steps, time_major, max_block_t)
+    stride_n, stride_t = values.stride()
+    block_n, block_t = tile_shape(num_envs, num_steps, stride_t != 1 and stride_n == 1, max_block_t, tile_elements)
     num_chunks = triton.cdiv(num_steps, block_t)
     num_row_blocks = triton.cdiv(num_envs, block_n)
     chunked = num_chunks > 1
     if chunked:
-        # [ticket counter (int32 in an int64 slot) | pad] [aggregate words] [inclusive words]
         state = torch.zeros(2 + 2 * num_row_blocks * block_n * num_chunks, dtype=torch.int64, device=values.device)
-        words = num_row_blocks * block_n * num_chunks
-        ticket, aggregate, inclusive = state[:2].view(torch.int32), state[2:2 + words], state[2 + words:]
     else:
-        ticket = aggregate = inclusive = values  # unused: CHUNKED is a constexpr
+        state = values  # unused: CHUNKED is a constexpr
     if bootstrap_values is not None:
-        mode, bootstrap, stride_b = BOOTSTRAP_TENSOR, bootstrap_values, bootstrap_values.stride()
+        mode, bootstrap = BOOTSTRAP_TENSOR, bootstrap_values
     else:
         mode = BOOTSTRAP_NONE if last_value is None else BOOTSTRAP_LAST_VALUE
-        bootstrap, stride_b = values, (0, 0)
+        bootstrap = values
     truncated = truncateds if truncateds is not None else terminateds
-    lv = last_value if last_value is not None else values
-    stride_l = last_value.stride(0) if last_value is not None else 0
+    lv, stride_l = (last_value, last_value.stride(0)) if last_value is not None else (values, 0)
     _gae_kernel[(num_row_blocks * num_chunks,)](
         rewards, values, terminateds, truncated, bootstrap, lv,
-        advantages, returns,
-        aggregate, inclusive, ticket,
+        advantages, returns, state,
         num_envs, num_steps, num_chunks,
-        *rewards.stride(), *values.stride(), *terminateds.stride(),
-        *truncated.stride(), *stride_b, stride_l,
+        *rewards.stride(), stride_n, stride_t, *terminateds.stride(),
+        *truncated.stride(), *bootstrap.stride(), stride_l,
         *advantages.stride(), *returns.stride(),
-        float(gamma), float(gamma) * float(lam),
+        gamma, gamma * lam,
         HAS_TRUNCATEDS=truncateds is not None, BOOTSTRAP=mode, CHUNKED=chunked,
-        BLOCK_N=block_n, BLOCK_T=block_t,
+        BLOCK_N=block_n, BLOCK_T=block_t, num_warps=num_warps,
     )

@@ -160,15 +160,20 @@ def main() -> None:
     parser.add_argument("--loop-max-steps", type=int, default=2048, help="run the Python loop only for T <= this")
     parser.add_argument("--check-max-elements", type=int, default=1 << 24, help="float64 check up to N*T")
     parser.add_argument("--json", type=Path, help="write every measurement here")
+    parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
+    if args.sweep:
+        return sweep_tiles(args)
 
     device_name = torch.cuda.get_device_name()
     print(f"# {device_name}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     big_out = torch.empty_like(big)
+    for _ in range(50):  # raise the clocks from idle before timing anything
+        big_out.copy_(big)
     copy_bw = 2 * big.numel() / (graph_time_us(lambda: big_out.copy_(big), 5) * 1e-6)
     del big, big_out
     dummy = torch.empty(1, device="cuda")
@@ -250,6 +255,33 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"device": device_name, "copy_bw": copy_bw, "empty_us": empty_us,
                                          "empty_us_end": empty_after, "rows": rows}, indent=1))
+
+
+def sweep_tiles(args) -> None:
+    """Device time of the kernel for each (tile elements, warps), with the copy of the same bytes."""
+    from kernels.triton_gae import launch_gae
+
+    configs = [(1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (8192, 16)]
+    print(f"# {torch.cuda.get_device_name()}: device us per (tile elements, warps); copy = same bytes copied")
+    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{f'{e}/{w}':>9}" for e, w in configs), flush=True)
+    for spec in args.shapes:
+        num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
+        nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
+        calls = max(5, min(100, int(2e8 // nbytes)))
+        for layout in args.layouts:
+            x = make_inputs(num_envs, num_steps, layout == "time")
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            copy_us = graph_time_us(lambda: dst.copy_(src), calls)
+            times = []
+            for tile_elements, num_warps in configs:
+                run = lambda: launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"],  # noqa: E731
+                                         x["bootstrap_values"], None, GAMMA, LAM, x["advantages"], x["returns"],
+                                         tile_elements=tile_elements, num_warps=num_warps)
+                times.append(graph_time_us(run, calls))
+            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:9.2f}" for t in times), flush=True)
+            del x, src, dst
+            torch.cuda.empty_cache()
 
 
 def pick_combine_order(x, gae_args):

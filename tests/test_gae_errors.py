@@ -1,8 +1,14 @@
 """Every bad input to compute_gae raises a TypeError/ValueError that names the argument."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import kernels.gae
 from kernels import compute_gae
 from tests.rollouts import random_rollout
 
@@ -87,7 +93,8 @@ def test_float64_on_cuda_is_refused():
 class TestCorrectnessChecks:
     @pytest.fixture(autouse=True)
     def checks_on(self, monkeypatch):
-        monkeypatch.setenv("RL_TRITON_CORRECTNESS_WARNINGS", "1")
+        # RL_TRITON_CORRECTNESS_WARNINGS=1 sets this flag when `kernels` is imported.
+        monkeypatch.setattr(kernels.gae, "_CORRECTNESS_CHECKS", True)
 
     def test_clean_rollout_passes(self):
         compute_gae(**rollout())
@@ -112,7 +119,16 @@ class TestCorrectnessChecks:
             compute_gae(**args)
 
     def test_checks_are_off_by_default(self, monkeypatch):
-        monkeypatch.delenv("RL_TRITON_CORRECTNESS_WARNINGS")
+        monkeypatch.setattr(kernels.gae, "_CORRECTNESS_CHECKS", False)
         args = rollout()
         args["terminateds"] = args["truncateds"] = torch.ones(3, 8, dtype=torch.bool)
         compute_gae(**args)
+
+
+def test_environment_variable_turns_the_checks_on():
+    code = "import kernels.gae as g; print(g._CORRECTNESS_CHECKS)"
+    for value, expected in (("1", "True"), ("0", "False")):
+        env = {**os.environ, "RL_TRITON_CORRECTNESS_WARNINGS": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+        assert out.stdout.strip() == expected

@@ -1,0 +1,87 @@
+"""Where does the host time of one compute_gae call go? (CUDA only; diagnostics, not a benchmark table.)
+
+    python scripts/profile_gae_overhead.py
+
+Prints the host time per call (many calls back to back, then one sync) of an empty Triton kernel
+with 1 and with 36 arguments, the GAE kernel launched directly, `launch_gae`, `compute_gae`, a few
+torch primitives, and a cProfile of compute_gae. Compare the lines inside one run only.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels import compute_gae  # noqa: E402
+from kernels.triton_gae import launch_gae  # noqa: E402
+from tests.rollouts import random_rollout  # noqa: E402
+
+
+@triton.jit
+def _empty_1(x_ptr):
+    pass
+
+
+@triton.jit
+def _empty_36(a, b, c, d, e, f, g, h, i, j, k,
+              n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14, n15, n16, n17, n18, n19, n20,
+              n21, n22, n23, n24):
+    pass
+
+
+def host_us(fn, calls: int = 2000) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def main() -> None:
+    dev = torch.empty(16, device="cuda")
+    ints = [3, 17, 1, 2048, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45]
+    rows = [("empty kernel, 1 arg", lambda: _empty_1[(1,)](dev)),
+            ("empty kernel, 36 args", lambda: _empty_36[(1,)](*([dev] * 11), *ints))]
+    for spec, (n, t) in {"1x2048": (1, 2048), "16x65536 (chunked)": (16, 65536)}.items():
+        x = random_rollout(n, t, device="cuda")
+        adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
+        args = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
+                0.99, 0.95, adv, ret)
+        rows.append((f"launch_gae {spec}", lambda args=args: launch_gae(*args)))
+        rows.append((f"compute_gae {spec}", lambda x=x, adv=adv, ret=ret: compute_gae(**x, advantages=adv, returns=ret)))
+        rows.append((f"compute_gae {spec}, outputs allocated", lambda x=x: compute_gae(**x)))
+    v = torch.empty(64, 256, device="cuda")
+    rows += [("torch.zeros(514, int64)", lambda: torch.zeros(514, dtype=torch.int64, device="cuda")),
+             ("torch.empty_like([64, 256])", lambda: torch.empty_like(v)),
+             ("tensor.stride()", lambda: v.stride()),
+             ("tensor.data_ptr()", lambda: v.data_ptr()),
+             ("tensor.device == device", lambda: v.device == dev.device)]
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    for name, fn in rows:
+        print(f"{name:45s} {host_us(fn):8.2f} us/call (host)", flush=True)
+
+    x = random_rollout(16, 65536, device="cuda")
+    adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(500):
+        compute_gae(**x, advantages=adv, returns=ret)
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+
+
+if __name__ == "__main__":
+    main()
