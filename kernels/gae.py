@@ -59,47 +59,20 @@ def compute_gae(
     Returns `(advantages, returns)`, with `A_T = 0` and `returns = advantages + values`.
     Raises `TypeError`/`ValueError` naming the offending argument.
     """
-    _check_tensor("values", values)
-    if values.dim() != 2:
-        raise ValueError(f"compute_gae: `values` must be 2-D [num_envs, seq_len], got shape {tuple(values.shape)}")
-    shape, device, dtype = values.shape, values.device, values.dtype
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"compute_gae: `values` must be float32 (or float64 on CPU), got {dtype}")
-    if dtype == torch.float64 and device.type != "cpu":
-        raise TypeError(f"compute_gae: float64 is supported on the CPU path only; `values` is float64 on {device}")
-    _check_like("rewards", rewards, shape, device, dtype)
-    _check_like("terminateds", terminateds, shape, device, None)
-    if truncateds is not None:
-        _check_like("truncateds", truncateds, shape, device, None)
-        if bootstrap_values is None:
-            raise ValueError(
-                "compute_gae: `truncateds` needs `bootstrap_values` (the true V(s_{t+1}) at truncated steps); "
-                "without it the continuation value there would silently be 0"
-            )
-    if bootstrap_values is not None:
-        if last_value is not None:
-            raise ValueError(
-                "compute_gae: pass either `last_value` or `bootstrap_values`, not both "
-                "(`last_value` stands for `bootstrap_values[:, -1]`)"
-            )
-        _check_like("bootstrap_values", bootstrap_values, shape, device, dtype)
-    if last_value is not None:
-        _check_like("last_value", last_value, shape[:1], device, dtype)
-    gamma = _check_unit_interval("gamma", gamma)
-    lam = _check_unit_interval("lam", lam)
     inputs = (rewards, values, terminateds, truncateds, bootstrap_values, last_value)
-    advantages = _output("advantages", advantages, values, inputs)
-    returns = _output("returns", returns, values, inputs)
-    if advantages.data_ptr() == returns.data_ptr() and advantages.numel() > 0:
-        raise ValueError("compute_gae: `advantages` and `returns` must not share memory")
+    if not _looks_valid(inputs, gamma, lam, advantages, returns):
+        gamma, lam = _check_thoroughly(inputs, gamma, lam, advantages, returns)
+    if advantages is None:
+        advantages = torch.empty_like(values)  # keeps a time-major layout time-major
+    if returns is None:
+        returns = torch.empty_like(values)
 
     if values.numel() == 0:
         return advantages, returns
     if _CORRECTNESS_CHECKS:
         check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
 
-    use_triton = device.type == "cuda" or (_INTERPRET and dtype == torch.float32)
-    if use_triton:
+    if values.is_cuda or (_INTERPRET and values.dtype == torch.float32):
         if launch_gae is None:
             raise RuntimeError("compute_gae: CUDA tensors need Triton, which is not installed")
         launch_gae(rewards, values, terminateds, truncateds, bootstrap_values, last_value,
@@ -132,6 +105,95 @@ def check_flags_and_bootstrap(
             )
 
 
+def _looks_valid(inputs: tuple, gamma: object, lam: object, advantages: object, returns: object) -> bool:
+    """The fast check, a few plain comparisons per tensor: every call pays for it (about 1 us)."""
+    rewards, values, terminateds, truncateds, bootstrap_values, last_value = inputs
+    if not (isinstance(values, torch.Tensor) and values.dim() == 2):
+        return False
+    shape, device, dtype = values.shape, values.device, values.dtype
+    if not (dtype is torch.float32 or (dtype is torch.float64 and values.is_cpu)):
+        return False
+    if type(gamma) is not float or type(lam) is not float or not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        return False
+    if (truncateds is not None and bootstrap_values is None) or (bootstrap_values is not None and last_value is not None):
+        return False
+    for x, flag in ((rewards, False), (terminateds, True), (truncateds, True), (bootstrap_values, False),
+                    (advantages, False), (returns, False)):
+        if x is not None and not (
+            isinstance(x, torch.Tensor) and x.shape == shape and x.device == device
+            and (x.dtype in FLAG_DTYPES if flag else x.dtype is dtype)
+        ):
+            return False
+    if last_value is not None and not (
+        isinstance(last_value, torch.Tensor) and last_value.shape == shape[:1]
+        and last_value.device == device and last_value.dtype is dtype
+    ):
+        return False
+    if advantages is None and returns is None:
+        return True
+    # Outputs must own their elements and not overlap an input or each other (a kernel reading
+    # values[t+1] after another program wrote there would be silently wrong). Checking the first
+    # element's address catches the usual mistake, passing an input as an output.
+    pointers = [x.data_ptr() for x in inputs if x is not None]
+    for out in (advantages, returns):
+        if out is not None:
+            if 0 in out.stride() and out.numel() > 1:
+                return False
+            pointer = out.data_ptr()
+            if pointer in pointers and out.numel() > 0:
+                return False
+            pointers.append(pointer)
+    return True
+
+
+def _check_thoroughly(
+    inputs: tuple, gamma: object, lam: object, advantages: object, returns: object
+) -> tuple[float, float]:
+    """The slow check, run when the fast one failed: say what the problem is, or return `gamma`
+    and `lam` as floats when there is none (an int or numpy `gamma` takes this path)."""
+    rewards, values, terminateds, truncateds, bootstrap_values, last_value = inputs
+    _check_tensor("values", values)
+    if values.dim() != 2:
+        raise ValueError(f"compute_gae: `values` must be 2-D [num_envs, seq_len], got shape {tuple(values.shape)}")
+    shape, device, dtype = values.shape, values.device, values.dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"compute_gae: `values` must be float32 (or float64 on CPU), got {dtype}")
+    if dtype == torch.float64 and device.type != "cpu":
+        raise TypeError(f"compute_gae: float64 is supported on the CPU path only; `values` is float64 on {device}")
+    _check_like("rewards", rewards, shape, device, dtype)
+    _check_like("terminateds", terminateds, shape, device, None)
+    if truncateds is not None:
+        _check_like("truncateds", truncateds, shape, device, None)
+        if bootstrap_values is None:
+            raise ValueError(
+                "compute_gae: `truncateds` needs `bootstrap_values` (the true V(s_{t+1}) at truncated steps); "
+                "without it the continuation value there would silently be 0"
+            )
+    if bootstrap_values is not None:
+        if last_value is not None:
+            raise ValueError(
+                "compute_gae: pass either `last_value` or `bootstrap_values`, not both "
+                "(`last_value` stands for `bootstrap_values[:, -1]`)"
+            )
+        _check_like("bootstrap_values", bootstrap_values, shape, device, dtype)
+    if last_value is not None:
+        _check_like("last_value", last_value, shape[:1], device, dtype)
+    gamma = _check_unit_interval("gamma", gamma)
+    lam = _check_unit_interval("lam", lam)
+    for name, out in (("advantages", advantages), ("returns", returns)):
+        if out is None:
+            continue
+        _check_like(name, out, shape, device, dtype)
+        if 0 in out.stride() and out.numel() > 1:
+            raise ValueError(f"compute_gae: `{name}` has a zero stride (an expanded view); it must own its elements")
+        if out.numel() > 0 and any(x is not None and x.data_ptr() == out.data_ptr() for x in inputs):
+            raise ValueError(f"compute_gae: `{name}` must not share memory with an input")
+    if advantages is not None and returns is not None and advantages.numel() > 0:
+        if advantages.data_ptr() == returns.data_ptr():
+            raise ValueError("compute_gae: `advantages` and `returns` must not share memory")
+    return gamma, lam
+
+
 def _check_tensor(name: str, x: object) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"compute_gae: `{name}` must be a torch.Tensor, got {type(x).__name__}")
@@ -153,20 +215,8 @@ def _check_like(name: str, x: object, shape: torch.Size, device: torch.device, d
 
 
 def _check_unit_interval(name: str, x: object) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
+    if isinstance(x, bool) or not isinstance(x, (int, float)):  # numpy floats are floats
         raise TypeError(f"compute_gae: `{name}` must be a float in [0, 1], got {type(x).__name__}")
     if not (0.0 <= x <= 1.0) or math.isnan(x):
         raise ValueError(f"compute_gae: `{name}` must be in [0, 1], got {x}")
     return float(x)
-
-
-def _output(name: str, out: torch.Tensor | None, values: torch.Tensor, inputs: tuple) -> torch.Tensor:
-    if out is None:
-        return torch.empty_like(values)  # keeps a time-major layout time-major
-    _check_like(name, out, values.shape, values.device, values.dtype)
-    for size, stride in zip(out.shape, out.stride()):
-        if stride == 0 and size > 1:
-            raise ValueError(f"compute_gae: `{name}` has a zero stride (an expanded view); it must own its elements")
-    if out.numel() > 0 and any(x is not None and x.data_ptr() == out.data_ptr() for x in inputs):
-        raise ValueError(f"compute_gae: `{name}` must not share memory with an input")
-    return out

@@ -132,3 +132,12 @@ def test_environment_variable_turns_the_checks_on():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                              cwd=Path(__file__).resolve().parents[1])
         assert out.stdout.strip() == expected
+
+
+def test_integer_and_numpy_discounts_are_accepted():
+    import numpy as np
+
+    args = rollout()
+    a1, _ = compute_gae(**args, gamma=1, lam=np.float64(0.5))
+    a2, _ = compute_gae(**args, gamma=1.0, lam=0.5)
+    torch.testing.assert_close(a1, a2, rtol=0, atol=0)

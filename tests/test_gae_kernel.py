@@ -12,28 +12,28 @@ import pytest
 import torch
 
 from kernels import compute_gae
-from kernels.triton_gae import launch_gae, tile_shape
+from kernels.triton_gae import ENV_MAJOR, LOOKBACK, LOOP, SINGLE, TIME_MAJOR, launch_gae, plan
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"rtol": 1e-5, "atol": 1e-4}
 
 
-def run_kernel(rollout, gamma=0.99, lam=0.95, max_block_t=None, **overrides):
+def run_kernel(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
     """Kernel outputs written into NaN-poisoned tensors laid out like the inputs."""
     args = {**rollout, **overrides}
     advantages, returns = poisoned_like(args["values"]), poisoned_like(args["values"])
-    if max_block_t is None:
+    if launch_options is None:
         compute_gae(**args, gamma=gamma, lam=lam, advantages=advantages, returns=returns)
     else:
         launch_gae(args["rewards"], args["values"], args["terminateds"], args.get("truncateds"),
                    args.get("bootstrap_values"), args.get("last_value"), gamma, lam,
-                   advantages, returns, max_block_t=max_block_t)
+                   advantages, returns, **launch_options)
     return advantages, returns
 
 
-def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, max_block_t=None, **overrides):
-    advantages, returns = run_kernel(rollout, gamma, lam, max_block_t, **overrides)
+def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
+    advantages, returns = run_kernel(rollout, gamma, lam, launch_options, **overrides)
     expected_adv, expected_ret = oracle(rollout, gamma, lam, **overrides)
     assert not advantages.isnan().any() and not returns.isnan().any(), "an output element was not written"
     torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
@@ -73,22 +73,38 @@ def test_extreme_discounts(gamma, lam):
     assert_matches_oracle(random_rollout(7, 127, device=DEVICE, seed=6), gamma=gamma, lam=lam)
 
 
+@pytest.mark.parametrize("mode", [LOOP, LOOKBACK], ids=["loop", "lookback"])
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
 @pytest.mark.parametrize("num_envs,num_steps,max_block_t",
                          [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (64, 1000, 64), (3, 33, 32)])
-def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major):
-    block_n, block_t = tile_shape(num_envs, num_steps, time_major, max_block_t)
-    assert num_steps > block_t, "the case must split rows into chunks"
+def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major, mode):
+    layout = TIME_MAJOR if time_major else ENV_MAJOR
+    planned_mode, _, block_t, num_chunks, _, _ = plan(num_envs, num_steps, layout, max_block_t, mode=mode)
+    assert planned_mode == mode and num_chunks > 1, "the case must split rows into chunks"
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
                              seed=num_steps + max_block_t)
-    assert_matches_oracle(rollout, max_block_t=max_block_t)
+    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "mode": mode})
 
 
-def test_chunked_rows_with_last_value_and_no_truncations():
+@pytest.mark.parametrize("mode", [LOOP, LOOKBACK], ids=["loop", "lookback"])
+def test_chunked_rows_with_last_value_and_no_truncations(mode):
     rollout = random_rollout(5, 200, density=0.02, device=DEVICE, seed=7)
     last = rollout["bootstrap_values"][:, -1].clone()
-    assert_matches_oracle(rollout, max_block_t=16, truncateds=None, bootstrap_values=None, last_value=last)
+    assert_matches_oracle(rollout, launch_options={"max_block_t": 16, "mode": mode},
+                          truncateds=None, bootstrap_values=None, last_value=last)
+
+
+def test_plan_picks_single_tiles_loops_and_look_backs():
+    assert plan(64, 256, TIME_MAJOR)[0] == SINGLE  # whole rows fit one tile
+    assert plan(1, 2048, ENV_MAJOR)[0] == SINGLE
+    assert plan(16384, 1024, TIME_MAJOR, loop_min_programs=264)[0] == LOOP  # many rows
+    assert plan(16, 1 << 20, ENV_MAJOR, loop_min_programs=264)[0] == LOOKBACK  # few, long rows
+    for num_envs, num_steps, layout in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [ENV_MAJOR, TIME_MAJOR]):
+        mode, block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, layout)
+        assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
+        assert block_n * block_t <= 8192 and num_chunks * block_t >= num_steps
+        assert grid * block_n * (num_chunks if mode != LOOKBACK else 1) >= num_envs * num_chunks
 
 
 def test_outputs_are_allocated_in_the_layout_of_values():
@@ -112,14 +128,6 @@ def test_mixed_layouts_and_strided_views():
     expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
     torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
     torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
-
-
-def test_tile_shapes_cover_the_problem():
-    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [False, True]):
-        block_n, block_t = tile_shape(num_envs, num_steps, time_major)
-        assert block_n >= 1 and block_t >= 1
-        assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
-        assert block_n * block_t <= 8192
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: long rows are too slow for the interpreter")
@@ -152,3 +160,18 @@ def test_cuda_graph_capture_replays_correctly():
     expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
     torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
     torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the compiled-kernel cache is CUDA-only")
+def test_repeated_calls_reuse_the_compiled_kernel_correctly():
+    # The first call compiles through Triton, later calls with the same specialisation launch the
+    # cached kernel directly: new data, other sizes and misaligned views must all come out right.
+    from kernels import triton_gae
+
+    for seed, (num_envs, num_steps) in enumerate([(5, 300), (5, 300), (9, 301), (33, 77)]):
+        assert_matches_oracle(random_rollout(num_envs, num_steps, device="cuda", seed=seed))
+    assert triton_gae._compiled, "the direct-launch cache was never filled"
+    storage = random_rollout(5, 301, device="cuda", seed=20)
+    shifted = {k: v[:, 1:] for k, v in storage.items()}  # data pointers 4 bytes past alignment
+    assert_matches_oracle(shifted)
+    assert_matches_oracle(shifted)
