@@ -115,7 +115,9 @@ def _looks_valid(inputs: tuple, gamma: object, lam: object, advantages: object, 
         return False
     if type(gamma) is not float or type(lam) is not float or not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         return False
-    if (truncateds is not None and bootstrap_values is None) or (bootstrap_values is not None and last_value is not None):
+    if truncateds is not None and bootstrap_values is None:
+        return False
+    if bootstrap_values is not None and last_value is not None:
         return False
     for x, flag in ((rewards, False), (terminateds, True), (truncateds, True), (bootstrap_values, False),
                     (advantages, False), (returns, False)):

@@ -1,19 +1,15 @@
-"""Triton GAE: one kernel, a parallel associative scan over time, in three modes.
+"""Triton GAE: one kernel, a parallel associative scan over time, chunks joined by a look-back.
 
 Each program owns a tile of `[BLOCK_N, BLOCK_T]` (envs x steps). Inside the tile a reverse
 `tl.associative_scan` composes the affine maps `f_t(x) = delta_t + beta_t * x`. Rows longer than
-one tile are cut into chunks, joined in one of two ways:
-
-- LOOP: each program walks its rows' chunks from the end of time back, carrying the advantage in
-  registers. Used when there are enough rows to fill the GPU.
-- LOOKBACK: every chunk is its own program. A chunk learns its carry (the advantage at the first
-  step after it) by a decoupled look-back over the chunks later in time, which publish their
-  composed map as soon as they have it and their exact start advantage once they know it. Used
-  for few, long rows: a handful of envs with a million steps still fills the GPU.
+one tile are cut into chunks, each its own program, so a handful of envs with a million steps
+still fills the GPU. A chunk learns its carry (the advantage at the first step after it) by a
+decoupled look-back over the chunks later in time, which publish their composed map as soon as
+they have it and their exact start advantage once they know it.
 
 The math and the look-back protocol are explained in `kernels/README.md`; arguments were validated
 by `kernels.gae.compute_gae`. The host side launches through a cache of compiled kernels (see
-`_launch`), because Triton's generic launch path costs about 0.7 us per argument.
+`_launch`), because Triton's generic launch path costs about 0.7 us per argument on a slow host.
 """
 
 from __future__ import annotations
@@ -26,21 +22,16 @@ import triton.language as tl
 
 # Bootstrap modes (the `BOOTSTRAP` constexpr).
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
-# How rows longer than one tile are joined (the `MODE` constexpr).
-SINGLE, LOOP, LOOKBACK = 0, 1, 2
-# Memory layouts shared by every [N, T] tensor (the `LAYOUT` constexpr): stride_t == 1 for all,
-# stride_n == 1 for all, or neither. Known at compile time, contiguity gives wide, coalesced loads.
-GENERAL, ENV_MAJOR, TIME_MAJOR = 0, 1, 2
 
 MAX_BLOCK_T = 1 << 16
-# Time-major tiles keep at least this many envs side by side, so each load is a full cache line.
-MIN_BLOCK_N_TIME_MAJOR = 32
-# A problem whose rows fit in a tile of this size runs as one tile per row block (no chunk joins).
-MAX_SINGLE_TILE = 8192
-
-_INT_ARGS = ["N", "T", "num_chunks",
-             "stride_rn", "stride_rt", "stride_vn", "stride_vt", "stride_dn", "stride_dt", "stride_un", "stride_ut",
-             "stride_bn", "stride_bt", "stride_l", "stride_an", "stride_at", "stride_gn", "stride_gt"]
+# Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements for env-major rows;
+# time-major tiles keep 32 envs side by side (full 128-byte lines) and, with fewer envs, grow
+# along time instead.
+TILE_ELEMENTS = 1024
+TIME_MAJOR_BLOCK_N = 32
+TIME_MAJOR_FEW_ENVS_TILE = 4096
+# Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
+TINY_PROBLEM = 32768
 
 
 @triton.jit
@@ -72,19 +63,6 @@ def _unpack_high(word):
 
 
 @triton.jit
-def _offsets(n, t, stride_n, stride_t, LAYOUT: tl.constexpr, ALIGNED: tl.constexpr):
-    if ALIGNED:  # every non-unit stride is a multiple of 16 elements: rows start on wide boundaries
-        stride_n = tl.multiple_of(stride_n, 16)
-        stride_t = tl.multiple_of(stride_t, 16)
-    if LAYOUT == 1:
-        return n * stride_n + t
-    elif LAYOUT == 2:
-        return n + t * stride_t
-    else:
-        return n * stride_n + t * stride_t
-
-
-@triton.jit
 def _first_column(x, BLOCK_T: tl.constexpr):
     # [BLOCK_N, BLOCK_T] -> [BLOCK_N]: the earliest step of each row of the tile.
     return tl.sum(tl.where((tl.arange(0, BLOCK_T) == 0)[None, :], x, 0.0), axis=1)
@@ -97,8 +75,7 @@ def _tile_scan(
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, LAYOUT: tl.constexpr, ALIGNED: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """Load one tile and scan it: returns the local (alpha, beta) maps, V(s_t), the mask and steps."""
     steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
@@ -108,20 +85,19 @@ def _tile_scan(
     t = steps[None, :]
     is_last = t == T - 1
 
-    reward = tl.load(rewards_ptr + _offsets(n, t, stride_rn, stride_rt, LAYOUT, ALIGNED), mask=mask, other=0.0)
-    value_offsets = _offsets(n, t, stride_vn, stride_vt, LAYOUT, ALIGNED)
-    value = tl.load(values_ptr + value_offsets, mask=mask, other=0.0)
+    reward = tl.load(rewards_ptr + n * stride_rn + t * stride_rt, mask=mask, other=0.0)
+    value = tl.load(values_ptr + n * stride_vn + t * stride_vt, mask=mask, other=0.0)
     # values[t+1]: the same cache lines as `value` (but one), so DRAM sees those bytes once.
-    next_value = tl.load(values_ptr + _offsets(n, t + 1, stride_vn, stride_vt, LAYOUT, ALIGNED),
+    next_value = tl.load(values_ptr + n * stride_vn + (t + 1) * stride_vt,
                          mask=mask & ~is_last, other=0.0)
-    terminated = tl.load(terminateds_ptr + _offsets(n, t, stride_dn, stride_dt, LAYOUT, ALIGNED),
+    terminated = tl.load(terminateds_ptr + n * stride_dn + t * stride_dt,
                          mask=mask, other=0) != 0
     done = terminated
     if BOOTSTRAP == 2:
-        bootstrap = tl.load(bootstrap_ptr + _offsets(n, t, stride_bn, stride_bt, LAYOUT, ALIGNED),
+        bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
                             mask=mask, other=0.0)
         if HAS_TRUNCATEDS:
-            truncated = tl.load(truncateds_ptr + _offsets(n, t, stride_un, stride_ut, LAYOUT, ALIGNED),
+            truncated = tl.load(truncateds_ptr + n * stride_un + t * stride_ut,
                                 mask=mask, other=0) != 0
             done = done | truncated
             next_value = tl.where(truncated | is_last, bootstrap, next_value)
@@ -179,111 +155,69 @@ def _look_back(state_ptr, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N:
     return carry
 
 
-@triton.jit(do_not_specialize=_INT_ARGS)
+@triton.jit
 def _gae_kernel(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
     advantages_ptr, returns_ptr, state_ptr,
-    N: tl.int64, T: tl.int64, num_chunks: tl.int64,
-    stride_rn: tl.int64, stride_rt: tl.int64, stride_vn: tl.int64, stride_vt: tl.int64,
-    stride_dn: tl.int64, stride_dt: tl.int64, stride_un: tl.int64, stride_ut: tl.int64,
-    stride_bn: tl.int64, stride_bt: tl.int64, stride_l: tl.int64,
-    stride_an: tl.int64, stride_at: tl.int64, stride_gn: tl.int64, stride_gt: tl.int64,
-    gamma: tl.float32, gamma_lam: tl.float32,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, MODE: tl.constexpr, LAYOUT: tl.constexpr,
-    ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    N, T, num_chunks,
+    stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+    stride_an, stride_at, stride_gn, stride_gt,
+    gamma, gamma_lam,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    num_row_blocks = tl.cdiv(N, BLOCK_N)
-    if MODE == 2:
+    if CHUNKED:
         # Tickets hand out chunks from the end of time, so every chunk a program waits for
         # belongs to a program that started earlier: the look-back cannot deadlock.
-        ticket = tl.atomic_add(state_ptr, 1)
+        num_row_blocks = tl.cdiv(N, BLOCK_N)
+        ticket = tl.atomic_add(state_ptr, 1).to(tl.int64)
         row_block = ticket % num_row_blocks
-        first_chunk = num_chunks - 1 - ticket // num_row_blocks
+        chunk = num_chunks - 1 - ticket // num_row_blocks
     else:
         row_block = tl.program_id(0).to(tl.int64)
-        first_chunk = num_chunks - 1
-    if MODE == 1:
-        chunks_here = num_chunks
-    else:
-        chunks_here = 1
+        chunk = 0
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
-    carry = tl.zeros([BLOCK_N], dtype=tl.float32)  # A_T = 0
-    for i in range(0, chunks_here):  # LOOP: from the last chunk back; otherwise one chunk
-        chunk = first_chunk - i
-        alpha, beta, value, mask, t = _tile_scan(
-            rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-            rows, chunk, N, T,
-            stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-            stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, LAYOUT, ALIGNED, BLOCK_T)
-        if MODE == 2:
-            carry = _look_back(state_ptr, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
-        advantage = alpha + beta * carry[:, None]
-        n = rows[:, None]
-        tl.store(advantages_ptr + _offsets(n, t, stride_an, stride_at, LAYOUT, ALIGNED), advantage, mask=mask)
-        tl.store(returns_ptr + _offsets(n, t, stride_gn, stride_gt, LAYOUT, ALIGNED), advantage + value, mask=mask)
-        if MODE == 1:
-            carry = _first_column(advantage, BLOCK_T)
+    alpha, beta, value, mask, t = _tile_scan(
+        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+        rows, chunk, N, T,
+        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, BLOCK_T)
+    if CHUNKED:
+        carry = _look_back(state_ptr, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
+        alpha = alpha + beta * carry[:, None]
+    n = rows[:, None]
+    tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
+    tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
 
 
 @functools.lru_cache(maxsize=512)
 def plan(
-    num_envs: int, num_steps: int, layout: int, max_block_t: int = MAX_BLOCK_T,
-    tile_elements: int | None = None, num_warps: int | None = None, mode: int | None = None,
-    loop_min_programs: int = 264,
-) -> tuple[int, int, int, int, int, int]:
-    """`(mode, BLOCK_N, BLOCK_T, num_chunks, grid, num_warps)` for a problem.
-
-    Whole rows per tile where a tile of `MAX_SINGLE_TILE` holds them; otherwise chunks, joined by
-    LOOP when there are at least `loop_min_programs` row blocks to keep the GPU busy, else by
-    LOOKBACK. `tile_elements`, `num_warps` and `mode` override the choice (tuning, tests).
-    """
+    num_envs: int, num_steps: int, time_major: bool, max_block_t: int = MAX_BLOCK_T,
+    block: tuple[int, int] | None = None, num_warps: int | None = None,
+) -> tuple[int, int, int, int, int]:
+    """`(BLOCK_N, BLOCK_T, num_chunks, grid, num_warps)` for a problem. More than one chunk means
+    the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
-    time_major = layout == TIME_MAJOR
-    min_block_n = min(envs, MIN_BLOCK_N_TIME_MAJOR if time_major else 1)
-    if tile_elements is None:
-        whole_rows = steps * min_block_n
-        tile_elements = whole_rows if whole_rows <= MAX_SINGLE_TILE else (4096 if time_major else 1024)
-    if time_major:
-        block_n = min(envs, max(MIN_BLOCK_N_TIME_MAJOR, tile_elements // steps))
-        block_t = min(steps, max_block_t, max(tile_elements // block_n, 1))
+    if block is not None:
+        block_n, block_t = block
+    elif not time_major:
+        block_t = min(steps, TILE_ELEMENTS)
+        block_n = TILE_ELEMENTS // block_t
+    elif num_envs * num_steps <= TINY_PROBLEM:
+        block_n, block_t = 1, min(steps, TILE_ELEMENTS)
     else:
-        block_t = min(steps, max_block_t, tile_elements)
-        block_n = min(envs, max(tile_elements // block_t, 1))
+        block_n = min(envs, TIME_MAJOR_BLOCK_N)
+        block_t = (TILE_ELEMENTS if envs >= TIME_MAJOR_BLOCK_N else TIME_MAJOR_FEW_ENVS_TILE) // block_n
+    block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
-    row_blocks = triton.cdiv(max(num_envs, 1), block_n)
-    if mode is None:
-        mode = SINGLE if num_chunks == 1 else LOOP if row_blocks >= loop_min_programs else LOOKBACK
-    elif num_chunks == 1:
-        mode = SINGLE
-    grid = row_blocks * num_chunks if mode == LOOKBACK else row_blocks
+    grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
     if num_warps is None:
         elements = block_n * block_t
-        num_warps = 1 if elements <= 256 else 2 if elements <= 512 else 4 if elements <= 4096 else 8
-    return mode, block_n, block_t, num_chunks, grid, num_warps
-
-
-def _layout(strides: list[tuple[int, int]]) -> tuple[int, bool]:
-    """The LAYOUT shared by every [N, T] tensor, and whether all their other strides are 16-aligned."""
-    env_major = time_major = aligned_n = aligned_t = True
-    for stride_n, stride_t in strides:
-        env_major &= stride_t == 1
-        time_major &= stride_n == 1
-        aligned_n &= stride_n % 16 == 0
-        aligned_t &= stride_t % 16 == 0
-    if env_major:
-        return ENV_MAJOR, aligned_n
-    if time_major:
-        return TIME_MAJOR, aligned_t
-    return GENERAL, aligned_n and aligned_t
-
-
-# Compiled kernels by everything Triton specialises them on. Integer arguments are typed int64 and
-# not specialised, and floats are typed fp32, so that is: the constexprs, the flag dtypes and
-# the 16-byte alignment of each pointer. Calls with a known key skip Triton's generic launch path.
-_compiled: dict[tuple, object] = {}
-_knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
+        num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4 if elements <= 2048 else 8
+    return block_n, block_t, num_chunks, grid, num_warps
 
 
 def launch_gae(
@@ -298,14 +232,13 @@ def launch_gae(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     max_block_t: int = MAX_BLOCK_T,
-    tile_elements: int | None = None,
+    block: tuple[int, int] | None = None,
     num_warps: int | None = None,
-    mode: int | None = None,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
-    `max_block_t` (a power of two) caps the chunk length, `mode` forces LOOP or LOOKBACK: tests use
-    both to exercise chunk joins at small sizes. `tile_elements` and `num_warps` are tuning knobs.
+    `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two) and `num_warps` are tuning knobs.
     """
     num_envs, num_steps = values.shape
     truncated = truncateds if truncateds is not None else terminateds
@@ -314,54 +247,58 @@ def launch_gae(
     else:
         bootstrap_mode = BOOTSTRAP_NONE if last_value is None else BOOTSTRAP_LAST_VALUE
         bootstrap = values
-    matrices = (rewards, values, terminateds, truncated, bootstrap, advantages, returns)
-    strides = [x.stride() for x in matrices]
-    layout, aligned = _layout(strides)
-    mode, block_n, block_t, num_chunks, grid, warps = plan(
-        num_envs, num_steps, layout, max_block_t, tile_elements, num_warps, mode, _loop_min_programs(values.device))
-    if mode == LOOKBACK:
+    stride_vn, stride_vt = values.stride()
+    block_n, block_t, num_chunks, grid, warps = plan(
+        num_envs, num_steps, stride_vn == 1 and stride_vt != 1, max_block_t, block, num_warps)
+    chunked = num_chunks > 1
+    if chunked:
         # [ticket, pad, aggregate words, inclusive words], one word per (padded row, chunk)
         state = torch.zeros(2 + 2 * grid * block_n, dtype=torch.int64, device=values.device)
     else:
         state = values  # unused
     lv = last_value if last_value is not None else values
-    tensors = (*matrices[:5], lv, advantages, returns, state)
-    (srn, srt), (svn, svt), (sdn, sdt), (sun, sut), (sbn, sbt), (san, sat), (sgn, sgt) = strides
-    ints = (num_envs, num_steps, num_chunks, srn, srt, svn, svt, sdn, sdt, sun, sut, sbn, sbt, lv.stride(0),
-            san, sat, sgn, sgt)
-    constexprs = (truncateds is not None, bootstrap_mode, mode, layout, aligned, block_n, block_t)
-    _launch(grid, warps, tensors, ints, (gamma, gamma * lam), constexprs, terminateds.dtype, truncated.dtype)
+    tensors = (rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, state)
+    ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
+            *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
+    constexprs = (truncateds is not None, bootstrap_mode, chunked, block_n, block_t)
+    _launch(grid, warps, tensors, ints, (gamma, gamma * lam), constexprs)
 
 
-@functools.lru_cache(maxsize=16)
-def _loop_min_programs(device: torch.device) -> int:
-    """LOOP needs about two row blocks per multiprocessor to keep the memory system busy."""
-    if device.type != "cuda":
-        return 264
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+# Compiled kernels by everything Triton specialises them on: the constexprs and warps, each
+# pointer's dtype and 16-byte alignment, and of each integer whether it is 1, a multiple of 16,
+# or beyond 32 bits (floats are not specialised). A call whose key is known skips Triton's generic
+# launch path, which binds and re-specialises every argument (about 0.7 us each on a slow host).
+_compiled: dict[tuple, object] = {}
+_knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
+_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "BLOCK_N", "BLOCK_T")
 
 
-def _launch(grid, num_warps, tensors, ints, floats, constexprs, *dtypes) -> None:
+def _launch(grid: int, num_warps: int, tensors: tuple, ints: tuple, floats: tuple, constexprs: tuple) -> None:
     pointers = [x.data_ptr() for x in tensors]
     device = tensors[1].device
-    alignment = 0
-    for pointer in pointers:
-        alignment = alignment << 1 | (pointer % 16 == 0)
-    key = (device, num_warps, constexprs, dtypes, alignment)
+    key = [device, num_warps, constexprs]
+    for x, pointer in zip(tensors, pointers, strict=True):
+        key += (x.dtype, pointer % 16 == 0)
+    for i in ints:
+        key.append(1 if i == 1 else 16 if i % 16 == 0 else 64 if not -(2**31) <= i < 2**31 else 0)
+    key = tuple(key)
     kernel = _compiled.get(key)
-    if kernel is not None and _knobs.runtime.launch_enter_hook is None and _on_current_device(device):
-        # The direct path: what Triton's launcher does once it has found the compiled kernel.
+    if kernel is not None and _on_current_device(device):
+        # The direct path: exactly what JITFunction.run does once it has found the compiled kernel.
         stream = triton.runtime.driver.active.get_current_stream(device.index)
-        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
-                   *pointers, *ints, *floats, *constexprs)
+        args = (*pointers, *ints, *floats, *constexprs)
+        hooks = _knobs.runtime
+        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata((grid, 1, 1), stream, *args), hooks.launch_enter_hook,
+                   hooks.launch_exit_hook, *args)
         return
-    names = ("HAS_TRUNCATEDS", "BOOTSTRAP", "MODE", "LAYOUT", "ALIGNED", "BLOCK_N", "BLOCK_T")
+    constexpr_kwargs = dict(zip(_CONSTEXPR_NAMES, constexprs, strict=True))
     if device.type != "cuda":  # Triton's CPU interpreter
-        _gae_kernel[(grid,)](*tensors, *ints, *floats, **dict(zip(names, constexprs)), num_warps=num_warps)
+        _gae_kernel[(grid,)](*tensors, *ints, *floats, **constexpr_kwargs, num_warps=num_warps)
         return
     with torch.cuda.device(device):
-        kernel = _gae_kernel[(grid,)](*tensors, *ints, *floats, **dict(zip(names, constexprs)), num_warps=num_warps)
-    if _knobs is not None and hasattr(kernel, "packed_metadata"):
+        kernel = _gae_kernel[(grid,)](*tensors, *ints, *floats, **constexpr_kwargs, num_warps=num_warps)
+    if _knobs is not None and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata"):
         _compiled[key] = kernel
 
 

@@ -259,15 +259,15 @@ def main() -> None:
 
 def sweep_tiles(args) -> None:
     """Device time of the kernel for each (tile elements, warps), with the copy of the same bytes."""
-    from kernels.triton_gae import LOOKBACK, LOOP, launch_gae
+    from kernels.triton_gae import launch_gae
 
-    configs = [(None, None, None), (1024, 4, None), (2048, 4, None), (4096, 4, None), (4096, 8, None),
-               (1024, 4, LOOP), (4096, 4, LOOP), (1024, 4, LOOKBACK), (4096, 4, LOOKBACK)]
-    names = {None: "", LOOP: "L", LOOKBACK: "B"}
-    labels = ["default" if e is None else f"{e}/{w}{names[m]}" for e, w, m in configs]
-    print(f"# {torch.cuda.get_device_name()}: device us per tile elements/warps (L: loop, B: look-back, "
-          "else the plan's choice); copy = the same bytes copied")
-    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
+    # (block_n, block_t, warps); None: the plan's choice
+    configs = [(None, None, None), (1, 1024, 4), (1, 2048, 4), (2, 512, 4), (8, 128, 4), (32, 32, 4), (32, 32, 2),
+               (32, 64, 4), (16, 128, 4), (16, 256, 4), (16, 256, 8), (64, 16, 4)]
+    labels = ["default" if n is None else f"{n}x{t}/{w}" for n, t, w in configs]
+    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
+          "copy = the same bytes copied")
+    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>10}" for label in labels), flush=True)
     for spec in args.shapes:
         num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
         nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
@@ -278,12 +278,13 @@ def sweep_tiles(args) -> None:
             dst = torch.empty_like(src)
             copy_us = graph_time_us(lambda: dst.copy_(src), calls)
             times = []
-            for tile_elements, num_warps, mode in configs:
+            for block_n, block_t, num_warps in configs:
+                block = None if block_n is None else (block_n, block_t)
                 run = lambda: launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"],  # noqa: E731
                                          x["bootstrap_values"], None, GAMMA, LAM, x["advantages"], x["returns"],
-                                         tile_elements=tile_elements, num_warps=num_warps, mode=mode)
+                                         num_warps=num_warps, block=block)
                 times.append(graph_time_us(run, calls))
-            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:9.2f}" for t in times), flush=True)
+            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:10.2f}" for t in times), flush=True)
             del x, src, dst
             torch.cuda.empty_cache()
 

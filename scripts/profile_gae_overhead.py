@@ -72,12 +72,25 @@ def main() -> None:
     for name, fn in rows:
         print(f"{name:45s} {host_us(fn):8.2f} us/call (host)", flush=True)
 
-    x = random_rollout(16, 65536, device="cuda")
+    from kernels import triton_gae
+
+    print(f"# compiled kernels cached for the direct launch: {len(triton_gae._compiled)}; "
+          f"launch_enter_hook: {triton_gae._knobs.runtime.launch_enter_hook if triton_gae._knobs else 'no knobs'}")
+    calls = {"direct": 0}
+    real_run = type(next(iter(triton_gae._compiled.values()))).run if triton_gae._compiled else None
+    print(f"# CompiledKernel.run is {real_run}")
+    x = random_rollout(1, 2048, device="cuda")
     adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
+    kernel = next(iter(triton_gae._compiled.values()), None)
+    if kernel is not None:
+        stream = triton.runtime.driver.active.get_current_stream(0)
+        print(f"{'get_current_stream':45s} {host_us(lambda: triton.runtime.driver.active.get_current_stream(0)):8.2f} us")
+        print(f"{'torch.cuda.device_count()':45s} {host_us(lambda: torch.cuda.device_count()):8.2f} us")
+    del calls
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(500):
-        compute_gae(**x, advantages=adv, returns=ret)
+        compute_gae(**x, advantages=adv, returns=ret)  # 1x2048: the unchunked production path
     profile.disable()
     torch.cuda.synchronize()
     pstats.Stats(profile).sort_stats("tottime").print_stats(18)

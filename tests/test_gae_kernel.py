@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import compute_gae
-from kernels.triton_gae import ENV_MAJOR, LOOKBACK, LOOP, SINGLE, TIME_MAJOR, launch_gae, plan
+from kernels.triton_gae import launch_gae, plan
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,38 +73,41 @@ def test_extreme_discounts(gamma, lam):
     assert_matches_oracle(random_rollout(7, 127, device=DEVICE, seed=6), gamma=gamma, lam=lam)
 
 
-@pytest.mark.parametrize("mode", [LOOP, LOOKBACK], ids=["loop", "lookback"])
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
 @pytest.mark.parametrize("num_envs,num_steps,max_block_t",
                          [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (64, 1000, 64), (3, 33, 32)])
-def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major, mode):
-    layout = TIME_MAJOR if time_major else ENV_MAJOR
-    planned_mode, _, block_t, num_chunks, _, _ = plan(num_envs, num_steps, layout, max_block_t, mode=mode)
-    assert planned_mode == mode and num_chunks > 1, "the case must split rows into chunks"
+def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major):
+    block_n, block_t, num_chunks, grid, _ = plan(num_envs, num_steps, time_major, max_block_t)
+    assert num_chunks > 1, "the case must split rows into chunks joined by the look-back"
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
                              seed=num_steps + max_block_t)
-    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "mode": mode})
+    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
 
 
-@pytest.mark.parametrize("mode", [LOOP, LOOKBACK], ids=["loop", "lookback"])
-def test_chunked_rows_with_last_value_and_no_truncations(mode):
+@pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
+def test_tiles_with_several_envs_and_chunks(block):
+    rollout = random_rollout(37, 101, density=0.03, time_major=True, device=DEVICE, seed=12)
+    assert_matches_oracle(rollout, launch_options={"block": block})
+
+
+def test_chunked_rows_with_last_value_and_no_truncations():
     rollout = random_rollout(5, 200, density=0.02, device=DEVICE, seed=7)
     last = rollout["bootstrap_values"][:, -1].clone()
-    assert_matches_oracle(rollout, launch_options={"max_block_t": 16, "mode": mode},
+    assert_matches_oracle(rollout, launch_options={"max_block_t": 16},
                           truncateds=None, bootstrap_values=None, last_value=last)
 
 
-def test_plan_picks_single_tiles_loops_and_look_backs():
-    assert plan(64, 256, TIME_MAJOR)[0] == SINGLE  # whole rows fit one tile
-    assert plan(1, 2048, ENV_MAJOR)[0] == SINGLE
-    assert plan(16384, 1024, TIME_MAJOR, loop_min_programs=264)[0] == LOOP  # many rows
-    assert plan(16, 1 << 20, ENV_MAJOR, loop_min_programs=264)[0] == LOOKBACK  # few, long rows
-    for num_envs, num_steps, layout in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [ENV_MAJOR, TIME_MAJOR]):
-        mode, block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, layout)
+def test_plan_covers_every_element_with_power_of_two_tiles():
+    assert plan(64, 256, True)[:3] == (1, 256, 1)  # tiny: one env row per program
+    assert plan(1, 2048, False)[:3] == (1, 1024, 2)
+    assert plan(16384, 1024, True)[:3] == (32, 32, 32)  # many envs side by side
+    assert plan(16, 1 << 20, True)[:2] == (16, 256)  # few envs: longer tiles
+    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [False, True]):
+        block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
-        assert block_n * block_t <= 8192 and num_chunks * block_t >= num_steps
-        assert grid * block_n * (num_chunks if mode != LOOKBACK else 1) >= num_envs * num_chunks
+        assert block_n * block_t <= 4096 and num_chunks * block_t >= num_steps
+        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8)
 
 
 def test_outputs_are_allocated_in_the_layout_of_values():
