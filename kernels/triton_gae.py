@@ -15,6 +15,7 @@ by `kernels.gae.compute_gae`. The host side launches through a cache of compiled
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import triton
@@ -216,7 +217,7 @@ def plan(
     grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
     if num_warps is None:
         elements = block_n * block_t
-        num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4 if elements <= 2048 else 8
+        num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4
     return block_n, block_t, num_chunks, grid, num_warps
 
 
@@ -264,11 +265,13 @@ def launch_gae(
     _launch(grid, warps, tensors, ints, (gamma, gamma * lam), constexprs)
 
 
-# Compiled kernels by everything Triton specialises them on: the constexprs and warps, each
-# pointer's dtype and 16-byte alignment, and of each integer whether it is 1, a multiple of 16,
-# or beyond 32 bits (floats are not specialised). A call whose key is known skips Triton's generic
-# launch path, which binds and re-specialises every argument (about 0.7 us each on a slow host).
+# Compiled kernels by launch signature: the constexprs, warps, flag dtypes and every integer
+# argument as is. With all pointers 16-byte aligned that fixes everything Triton specialises the
+# kernel on (pointer dtypes and alignment; each integer's divisibility by 16 or equality to 1), so a
+# call with a known key skips Triton's generic launch path, which binds and re-specialises every
+# argument (about 0.7 us each on a slow host). A new shape takes the generic path once.
 _compiled: dict[tuple, object] = {}
+_MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "BLOCK_N", "BLOCK_T")
 
@@ -276,13 +279,9 @@ _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "BLOCK_N", "BLOCK_
 def _launch(grid: int, num_warps: int, tensors: tuple, ints: tuple, floats: tuple, constexprs: tuple) -> None:
     pointers = [x.data_ptr() for x in tensors]
     device = tensors[1].device
-    key = [device, num_warps, constexprs]
-    for x, pointer in zip(tensors, pointers, strict=True):
-        key += (x.dtype, pointer % 16 == 0)
-    for i in ints:
-        key.append(1 if i == 1 else 16 if i % 16 == 0 else 64 if not -(2**31) <= i < 2**31 else 0)
-    key = tuple(key)
-    kernel = _compiled.get(key)
+    aligned = functools.reduce(operator.or_, pointers) % 16 == 0
+    key = (device, num_warps, constexprs, tensors[2].dtype, tensors[3].dtype, ints)
+    kernel = _compiled.get(key) if aligned else None
     if kernel is not None and _on_current_device(device):
         # The direct path: exactly what JITFunction.run does once it has found the compiled kernel.
         stream = triton.runtime.driver.active.get_current_stream(device.index)
@@ -298,7 +297,9 @@ def _launch(grid: int, num_warps: int, tensors: tuple, ints: tuple, floats: tupl
         return
     with torch.cuda.device(device):
         kernel = _gae_kernel[(grid,)](*tensors, *ints, *floats, **constexpr_kwargs, num_warps=num_warps)
-    if _knobs is not None and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata"):
+    if aligned and _knobs is not None and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata"):
+        if len(_compiled) >= _MAX_COMPILED:
+            _compiled.clear()
         _compiled[key] = kernel
 
 
