@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import compute_gae  # noqa: E402
@@ -40,7 +39,7 @@ GAMMA, LAM = 0.99, 0.95
 
 
 @triton.jit
-def _empty_kernel(x_ptr):
+def _empty_kernel(x_ptr):  # the launch-cost yardstick
     pass
 
 
@@ -180,73 +179,19 @@ def main() -> None:
     empty_us = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
     print(f"# empty Triton kernel launch {empty_us:.2f} us", flush=True)
 
-    combine = None
-    compile_spent = 0.0
+    compile_state = {"combine": None, "spent": 0.0, "enabled": not args.no_compile}
     rows = []
     header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'device us':>9} {'GB/s':>7} {'%copy':>6} "
               f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'call/empty':>10} {'max err':>8}")
     print(header, flush=True)
     for spec in args.shapes:
-        num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
-        elements = num_envs * num_steps
-        nbytes = BYTES_PER_ELEMENT * elements
         for layout in args.layouts:
-            x = make_inputs(num_envs, num_steps, layout == "time")
-            gae_args = {k: x[k] for k in ("rewards", "values", "terminateds", "truncateds")}
-
-            def ours():
-                compute_gae(**gae_args, gamma=GAMMA, lam=LAM, bootstrap_values=x["bootstrap_values"],
-                            advantages=x["advantages"], returns=x["returns"])
-
-            calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
-            call_us = median_time_us(ours, max(calls, 50))  # enough calls that launches overlap
-            device_us = graph_time_us(ours, calls)
-            error = reference_check(x) if elements <= args.check_max_elements and num_envs <= 16 else float("nan")
-
-            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-            copy_us = graph_time_us(lambda: dst.copy_(src), calls)
-            del src, dst
-
-            loop_us = float("nan")
-            if num_steps <= args.loop_max_steps:
-                tm = {k: v.T for k, v in x.items()}  # CleanRL indexes time first
-                loop = lambda: cleanrl_loop(tm["rewards"], tm["values"], tm["terminateds"], tm["truncateds"],  # noqa: E731
-                                            tm["bootstrap_values"], GAMMA, LAM)
-                loop()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    loop()
-                torch.cuda.synchronize()
-                loop_us = (time.perf_counter() - t0) / 3 * 1e6
-
-            compile_us = float("nan")
-            if not args.no_compile and compile_spent < args.compile_budget_s:
-                t0 = time.perf_counter()
-                try:
-                    if combine is None:
-                        combine = pick_combine_order(x, gae_args)
-                    compiled = torch.compile(make_vectorised_gae(combine), dynamic=False)
-                    run = lambda: compiled(**gae_args, bootstrap_values=x["bootstrap_values"], gamma=GAMMA, lam=LAM)  # noqa: E731
-                    got, _ = run()
-                    torch.testing.assert_close(got, x["advantages"], rtol=1e-4, atol=1e-3)
-                    compile_us = median_time_us(run, calls)
-                except Exception as e:  # report, don't hide: the baseline is optional
-                    print(f"# torch.compile baseline failed at {spec}/{layout}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200]}", flush=True)
-                    args.no_compile = True
-                compile_spent += time.perf_counter() - t0
-
-            gbps = nbytes / (device_us * 1e-6) / 1e9
-            row = {"shape": spec, "layout": layout, "call_us": call_us, "device_us": device_us, "gb_per_s": gbps,
-                   "fraction_of_copy_bw": copy_us / device_us, "copy_us": copy_us, "loop_us": loop_us,
-                   "compile_us": compile_us, "call_over_empty": call_us / empty_us, "max_abs_error": error}
+            row = measure(spec, layout, args, compile_state)
+            row["call_over_empty"] = row["call_us"] / empty_us
             rows.append(row)
-            print(f"{spec:>12} {layout:>6} {call_us:9.2f} {device_us:9.2f} {gbps:7.0f} "
-                  f"{100 * row['fraction_of_copy_bw']:5.0f}% {copy_us:8.2f} {loop_us:10.0f} {compile_us:10.2f} "
-                  f"{row['call_over_empty']:10.2f} {error:8.1e}", flush=True)
-            del x, gae_args
+            print(f"{spec:>12} {layout:>6} {row['call_us']:9.2f} {row['device_us']:9.2f} {row['gb_per_s']:7.0f} "
+                  f"{100 * row['fraction_of_copy_bw']:5.0f}% {row['copy_us']:8.2f} {row['loop_us']:10.0f} "
+                  f"{row['compile_us']:10.2f} {row['call_over_empty']:10.2f} {row['max_abs_error']:8.1e}", flush=True)
             torch.cuda.empty_cache()
 
     empty_after = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
@@ -277,13 +222,15 @@ def sweep_tiles(args) -> None:
             x = make_inputs(num_envs, num_steps, layout == "time")
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            copy_us = graph_time_us(lambda: dst.copy_(src), calls)
+            copy_us = graph_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
             times = []
             for block_n, block_t, num_warps in configs:
                 block = None if block_n is None else (block_n, block_t)
-                run = lambda: launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"],  # noqa: E731
-                                         x["bootstrap_values"], None, GAMMA, LAM, x["advantages"], x["returns"],
-                                         num_warps=num_warps, block=block)
+
+                def run(x=x, block=block, num_warps=num_warps):
+                    launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
+                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block)
+
                 times.append(graph_time_us(run, calls))
             print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:10.2f}" for t in times), flush=True)
             del x, src, dst
@@ -293,6 +240,69 @@ def sweep_tiles(args) -> None:
 def _elements(spec: str) -> int:
     num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
     return num_envs * num_steps
+
+
+def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
+    """Every column of the table for one shape and layout."""
+    num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
+    nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
+    x = make_inputs(num_envs, num_steps, layout == "time")
+    gae_args = {k: x[k] for k in ("rewards", "values", "terminateds", "truncateds")}
+
+    def ours():
+        compute_gae(**gae_args, gamma=GAMMA, lam=LAM, bootstrap_values=x["bootstrap_values"],
+                    advantages=x["advantages"], returns=x["returns"])
+
+    calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
+    call_us = median_time_us(ours, max(calls, 50))  # enough calls that launches overlap
+    device_us = graph_time_us(ours, calls)
+    small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
+    error = reference_check(x) if small_rows else float("nan")
+
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = graph_time_us(lambda: dst.copy_(src), calls)
+
+    loop_us = float("nan")
+    if num_steps <= args.loop_max_steps:
+        tm = {k: v.T for k, v in x.items()}  # CleanRL indexes time first
+
+        def loop():
+            cleanrl_loop(tm["rewards"], tm["values"], tm["terminateds"], tm["truncateds"],
+                         tm["bootstrap_values"], GAMMA, LAM)
+
+        loop()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            loop()
+        torch.cuda.synchronize()
+        loop_us = (time.perf_counter() - start) / 3 * 1e6
+
+    compile_us = float("nan")
+    if compile_state["enabled"] and compile_state["spent"] < args.compile_budget_s:
+        start = time.perf_counter()
+        try:
+            if compile_state["combine"] is None:
+                compile_state["combine"] = pick_combine_order(x, gae_args)
+            compiled = torch.compile(make_vectorised_gae(compile_state["combine"]), dynamic=False)
+
+            def run():
+                return compiled(**gae_args, bootstrap_values=x["bootstrap_values"], gamma=GAMMA, lam=LAM)
+
+            got, _ = run()
+            torch.testing.assert_close(got, x["advantages"], rtol=1e-4, atol=1e-3)
+            compile_us = median_time_us(run, calls)
+        except Exception as e:  # report, don't hide: the baseline is optional
+            print(f"# torch.compile baseline failed at {spec}/{layout}: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}", flush=True)
+            compile_state["enabled"] = False
+        compile_state["spent"] += time.perf_counter() - start
+
+    gbps = nbytes / (device_us * 1e-6) / 1e9
+    return {"shape": spec, "layout": layout, "call_us": call_us, "device_us": device_us, "gb_per_s": gbps,
+            "fraction_of_copy_bw": copy_us / device_us, "copy_us": copy_us, "loop_us": loop_us,
+            "compile_us": compile_us, "max_abs_error": error}
 
 
 def pick_combine_order(x, gae_args):

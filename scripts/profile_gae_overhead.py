@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import compute_gae  # noqa: E402
@@ -60,7 +59,8 @@ def main() -> None:
         args = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                 0.99, 0.95, adv, ret)
         rows.append((f"launch_gae {spec}", lambda args=args: launch_gae(*args)))
-        rows.append((f"compute_gae {spec}", lambda x=x, adv=adv, ret=ret: compute_gae(**x, advantages=adv, returns=ret)))
+        rows.append((f"compute_gae {spec}",
+                     lambda x=x, adv=adv, ret=ret: compute_gae(**x, advantages=adv, returns=ret)))
         rows.append((f"compute_gae {spec}, outputs allocated", lambda x=x: compute_gae(**x)))
     v = torch.empty(64, 256, device="cuda")
     rows += [("torch.zeros(514, int64)", lambda: torch.zeros(514, dtype=torch.int64, device="cuda")),
@@ -76,17 +76,10 @@ def main() -> None:
 
     print(f"# compiled kernels cached for the direct launch: {len(triton_gae._compiled)}; "
           f"launch_enter_hook: {triton_gae._knobs.runtime.launch_enter_hook if triton_gae._knobs else 'no knobs'}")
-    calls = {"direct": 0}
-    real_run = type(next(iter(triton_gae._compiled.values()))).run if triton_gae._compiled else None
-    print(f"# CompiledKernel.run is {real_run}")
     x = random_rollout(1, 2048, device="cuda")
     adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
-    kernel = next(iter(triton_gae._compiled.values()), None)
-    if kernel is not None:
-        stream = triton.runtime.driver.active.get_current_stream(0)
-        print(f"{'get_current_stream':45s} {host_us(lambda: triton.runtime.driver.active.get_current_stream(0)):8.2f} us")
-        print(f"{'torch.cuda.device_count()':45s} {host_us(lambda: torch.cuda.device_count()):8.2f} us")
-    del calls
+    get_stream = triton.runtime.driver.active.get_current_stream
+    print(f"{'get_current_stream':45s} {host_us(lambda: get_stream(0)):8.2f} us")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(500):

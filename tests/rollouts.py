@@ -48,7 +48,9 @@ def poisoned_like(x: torch.Tensor) -> torch.Tensor:
     return torch.full_like(x, float("nan"))
 
 
-def oracle(rollout: dict[str, torch.Tensor], gamma: float, lam: float, **overrides) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle(
+    rollout: dict[str, torch.Tensor], gamma: float, lam: float, **overrides
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The pure-torch reference in float64 on the CPU."""
     from kernels.reference import gae_reference
 

@@ -1,0 +1,53 @@
+"""The actor-critic: separate tanh MLPs for the Gaussian policy mean and the value, a learned
+state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+
+def _layer(in_features: int, out_features: int, gain: float = math.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(in_features, out_features)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out_gain: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [_layer(in_features, size), nn.Tanh()]
+        in_features = size
+    layers.append(_layer(in_features, out_features, out_gain))
+    return nn.Sequential(*layers)
+
+
+class Agent(nn.Module):
+    """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0):
+        super().__init__()
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_gain=1.0)
+        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, out_gain=0.01)
+        self.actor_log_std = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def get_action_and_value(
+        self, obs: torch.Tensor, action: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(action [B, A], log_prob [B], entropy [B], value [B])`; samples when `action` is None."""
+        mean = self.actor_mean(obs)
+        # validate_args=False: argument checks cost a host sync per call (and a NaN guard lives in train.py)
+        dist = Normal(mean, self.actor_log_std.expand_as(mean).exp(), validate_args=False)
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(obs)
+
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor_mean(obs)

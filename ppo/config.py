@@ -1,0 +1,166 @@
+"""Typed, validated run settings. `train.py` builds them from the composed Hydra config; nothing
+below `train.py` imports Hydra or omegaconf."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad setting, reported as one line naming the key, before any environment starts."""
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    id: str = "Ant-v4"
+    num_envs: int = 64
+    backend: str = "envpool"  # envpool | gymnasium
+    num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
+
+
+@dataclass(frozen=True)
+class PPOSettings:
+    num_steps: int = 32  # steps per env per iteration; the batch is num_envs * num_steps
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 32
+    update_epochs: int = 10
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    normalize_observations: bool = True
+    normalize_rewards: bool = True
+    observation_clip: float = 10.0
+    reward_clip: float = 10.0
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    init_log_std: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    every: int = 50  # iterations; 0 turns periodic checkpoints off (the final one is still written)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seed: int = 1
+    total_timesteps: int = 1_000_000
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    resume: str | None = None
+    torch_threads: int = 0  # 0: leave torch's default
+    log_every_s: float = 2.0  # console progress line at most this often
+    env: EnvSettings = field(default_factory=EnvSettings)
+    ppo: PPOSettings = field(default_factory=PPOSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+
+    @property
+    def batch_size(self) -> int:
+        return self.env.num_envs * self.ppo.num_steps
+
+
+def settings_from_dict(config: dict[str, Any]) -> TrainSettings:
+    """Build and validate `TrainSettings` from a plain nested dict; unknown keys are errors."""
+    settings = _build(TrainSettings, config, "")
+    _validate(settings)
+    return settings
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"`{prefix.rstrip('.')}` must be a group of settings, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown setting `{prefix}{unknown[0]}` (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in values.items():
+        f = fields[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _build(type(default), value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(f"{prefix}{name}", value, default)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Check `value` against the type of the field's default, converting lists to tuples."""
+    if value is None:
+        if default is None:
+            return None
+        raise ConfigError(f"`{key}` must be set (default {default!r})")
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+    elif isinstance(default, float) or (default is None and key.endswith("target_kl")):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"`{key}` must be a number, got {value!r}")
+        return float(value)
+    elif isinstance(default, tuple):
+        integers = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        if not integers:
+            raise ConfigError(f"`{key}` must be a list of integers, got {value!r}")
+        return tuple(value)
+    elif isinstance(default, str) or default is None:
+        if not isinstance(value, str):
+            raise ConfigError(f"`{key}` must be a string, got {value!r}")
+    return value
+
+
+def _validate(s: TrainSettings) -> None:
+    def positive(key: str, value: float) -> None:
+        if not value > 0:
+            raise ConfigError(f"`{key}` must be positive, got {value}")
+
+    def unit(key: str, value: float) -> None:
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"`{key}` must be in [0, 1], got {value}")
+
+    positive("total_timesteps", s.total_timesteps)
+    positive("env.num_envs", s.env.num_envs)
+    positive("ppo.num_steps", s.ppo.num_steps)
+    positive("ppo.num_minibatches", s.ppo.num_minibatches)
+    positive("ppo.update_epochs", s.ppo.update_epochs)
+    positive("ppo.learning_rate", s.ppo.learning_rate)
+    positive("ppo.clip_coef", s.ppo.clip_coef)
+    positive("ppo.max_grad_norm", s.ppo.max_grad_norm)
+    positive("ppo.observation_clip", s.ppo.observation_clip)
+    positive("ppo.reward_clip", s.ppo.reward_clip)
+    positive("log_every_s", s.log_every_s)
+    if s.ppo.target_kl is not None:
+        positive("ppo.target_kl", s.ppo.target_kl)
+    unit("ppo.gamma", s.ppo.gamma)
+    unit("ppo.gae_lambda", s.ppo.gae_lambda)
+    if s.ppo.ent_coef < 0 or s.ppo.vf_coef < 0:
+        raise ConfigError("`ppo.ent_coef` and `ppo.vf_coef` must be non-negative")
+    if s.env.num_threads < 0 or s.torch_threads < 0 or s.checkpoint.every < 0:
+        raise ConfigError("`env.num_threads`, `torch_threads` and `checkpoint.every` must be non-negative")
+    if not s.model.hidden_sizes or any(h <= 0 for h in s.model.hidden_sizes):
+        raise ConfigError(
+            f"`model.hidden_sizes` must be a non-empty list of positive sizes, got {list(s.model.hidden_sizes)}"
+        )
+    if s.batch_size % s.ppo.num_minibatches:
+        raise ConfigError(
+            f"`ppo.num_minibatches` ({s.ppo.num_minibatches}) must divide the batch, env.num_envs x ppo.num_steps "
+            f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}"
+        )
+    if s.env.backend not in ("envpool", "gymnasium"):
+        raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
+    if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):
+        raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {s.device!r}")

@@ -1,0 +1,138 @@
+"""Vectorised environments behind one interface that speaks torch tensors on the run's device.
+
+Both backends reset a finished env on the *next* `step` call (next-step autoreset): the step that
+ends an episode returns its final observation, and the following step ignores its action, returns
+reward 0 and the first observation of the new episode. `ppo.collect` relies on exactly this.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ppo.config import ConfigError, EnvSettings
+
+
+class VecEnv(Protocol):
+    num_envs: int
+    obs_dim: int
+    act_dim: int
+    action_low: torch.Tensor  # [act_dim], on the run's device
+    action_high: torch.Tensor
+
+    def reset(self, seed: int) -> torch.Tensor: ...
+
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(observations [N, obs_dim] f32, rewards [N] f32, terminateds [N] bool, truncateds [N] bool)`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_env_id(settings: EnvSettings) -> None:
+    """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`."""
+    known = _known_ids(settings.backend)
+    if settings.id in known:
+        return
+    other = "gymnasium" if settings.backend == "envpool" else "envpool"
+    hint = ""
+    if settings.id in _known_ids(other):
+        hint = f"; {other} has it: add env.backend={other}"
+    close = difflib.get_close_matches(settings.id, sorted(known), n=4, cutoff=0.5)
+    suggestion = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown environment id {settings.id!r} for env.backend={settings.backend}{hint}.{suggestion}")
+
+
+def _known_ids(backend: str) -> set[str]:
+    if backend == "envpool":
+        try:
+            import envpool
+        except ImportError:
+            return set()
+        return set(envpool.list_all_envs())
+    import gymnasium
+
+    return set(gymnasium.registry.keys())
+
+
+def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
+    """Start `settings.num_envs` environments of `settings.id` (call `check_env_id` first)."""
+    if settings.backend == "envpool":
+        return EnvpoolEnvs(settings, device, seed)
+    return GymnasiumEnvs(settings, device)
+
+
+class _TensorEnvs:
+    """Shared host<->device plumbing: numpy in and out of the simulator, torch on the run's device."""
+
+    def __init__(self, num_envs: int, observation_space, action_space, device: torch.device):
+        self.num_envs = num_envs
+        self.obs_dim = int(np.prod(observation_space.shape))
+        self.act_dim = int(np.prod(action_space.shape))
+        self.device = device
+        self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
+        self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
+        self._pin = device.type == "cuda"
+
+    def _to_device(self, obs, rewards, terminateds, truncateds):
+        def move(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            t = torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+            if self._pin:
+                t = t.pin_memory()
+            return t.to(self.device, non_blocking=True)
+
+        return (move(obs.reshape(self.num_envs, -1), torch.float32), move(rewards, torch.float32),
+                move(terminateds, torch.bool), move(truncateds, torch.bool))
+
+    def _actions(self, actions: torch.Tensor) -> np.ndarray:
+        return actions.detach().to("cpu", torch.float32).numpy()
+
+
+class EnvpoolEnvs(_TensorEnvs):
+    def __init__(self, settings: EnvSettings, device: torch.device, seed: int):
+        import envpool
+
+        threads = settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
+        self.env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
+                                num_threads=threads)
+        super().__init__(settings.num_envs, self.env.observation_space, self.env.action_space, device)
+
+    def reset(self, seed: int) -> torch.Tensor:
+        # envpool seeds at construction; a reset restarts every episode from that stream
+        obs, _ = self.env.reset()
+        return self._to_device(obs, np.zeros(self.num_envs), np.zeros(self.num_envs, bool),
+                               np.zeros(self.num_envs, bool))[0]
+
+    def step(self, actions: torch.Tensor):
+        obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions(actions))
+        return self._to_device(obs, rewards, terminateds, truncateds)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class GymnasiumEnvs(_TensorEnvs):
+    def __init__(self, settings: EnvSettings, device: torch.device):
+        import gymnasium
+
+        self.env = gymnasium.make_vec(
+            settings.id, num_envs=settings.num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP},
+        )
+        super().__init__(settings.num_envs, self.env.single_observation_space, self.env.single_action_space, device)
+
+    def reset(self, seed: int) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        return self._to_device(obs, np.zeros(self.num_envs), np.zeros(self.num_envs, bool),
+                               np.zeros(self.num_envs, bool))[0]
+
+    def step(self, actions: torch.Tensor):
+        obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions(actions))
+        return self._to_device(obs, rewards, terminateds, truncateds)
+
+    def close(self) -> None:
+        self.env.close()

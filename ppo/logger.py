@@ -1,0 +1,50 @@
+"""TensorBoard scalars with CleanRL's tags, and a console progress line (steps, SPS, return, ETA)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+class RunLogger:
+    def __init__(self, run_dir: str, total_timesteps: int, start_step: int, every_s: float = 2.0):
+        self.writer = SummaryWriter(run_dir)
+        self.total, self.every_s = total_timesteps, every_s
+        self.start_time, self.start_step = time.time(), start_step
+        self.last_print = 0.0
+        self.recent_return = math.nan
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def sps(self, step: int) -> float:
+        return (step - self.start_step) / max(time.time() - self.start_time, 1e-9)
+
+    def progress(self, step: int, episodic_return: float | None, final: bool = False) -> None:
+        if episodic_return is not None:
+            self.recent_return = episodic_return
+        now = time.time()
+        if not final and now - self.last_print < self.every_s:
+            return
+        self.last_print = now
+        sps = self.sps(step)
+        eta = (self.total - step) / sps if sps > 0 else math.inf
+        line = (f"step {step:>{len(str(self.total))},}/{self.total:,} ({100 * step / self.total:5.1f}%) | "
+                f"SPS {sps:,.0f} | return {self.recent_return:9.2f} | ETA {_duration(eta)}")
+        print(line, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "--"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

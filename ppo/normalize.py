@@ -1,0 +1,85 @@
+"""Running normalisers that live on the run's device and travel in checkpoints.
+
+Observations: running mean/variance shared across envs, clipped. Rewards: divided by the running
+std of the discounted return (as gymnasium's NormalizeReward), whose accumulator restarts at
+episode ends, clipped. Both can be frozen (evaluation) and both do nothing when disabled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RunningMeanStd:
+    """Mean and variance of a stream of `[B, *shape]` batches (parallel algorithm), in float64."""
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
+
+    def update(self, batch: torch.Tensor) -> None:
+        batch = batch.to(torch.float64)
+        batch_mean = batch.mean(0)
+        batch_var = batch.var(0, unbiased=False)
+        batch_count = batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        correction = delta.square() * self.count * batch_count / total
+        self.var = (self.var * self.count + batch_var * batch_count + correction) / total
+        self.count = total
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.mean.copy_(state["mean"])
+        self.var.copy_(state["var"])
+        self.count = state["count"].to(self.mean.device)
+
+
+class ObservationNormalizer:
+    def __init__(self, obs_dim: int, device: torch.device, clip: float = 10.0, enabled: bool = True):
+        self.rms = RunningMeanStd((obs_dim,), device)
+        self.clip, self.enabled, self.frozen = clip, enabled, False
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        """Normalise `[N, obs_dim]` observations, first folding them into the statistics unless frozen."""
+        if not self.enabled:
+            return obs
+        if not self.frozen:
+            self.rms.update(obs)
+        normalized = (obs - self.rms.mean.float()) / torch.sqrt(self.rms.var.float() + 1e-8)
+        return normalized.clamp(-self.clip, self.clip)
+
+    def state_dict(self) -> dict:
+        return self.rms.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rms.load_state_dict(state)
+
+
+class RewardScaler:
+    def __init__(self, num_envs: int, gamma: float, device: torch.device, clip: float = 10.0, enabled: bool = True):
+        self.rms = RunningMeanStd((), device)
+        self.discounted_return = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.gamma, self.clip, self.enabled, self.frozen = gamma, clip, enabled, False
+
+    def __call__(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        """Scale `[N]` rewards of one step; `dones` ([N] bool) restarts those envs' returns after it."""
+        if not self.enabled:
+            return rewards
+        if not self.frozen:
+            self.discounted_return = self.discounted_return * self.gamma + rewards
+            self.rms.update(self.discounted_return)
+            self.discounted_return = torch.where(dones, 0.0, self.discounted_return)
+        return (rewards / torch.sqrt(self.rms.var.float() + 1e-8)).clamp(-self.clip, self.clip)
+
+    def state_dict(self) -> dict:
+        return {**self.rms.state_dict(), "discounted_return": self.discounted_return}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rms.load_state_dict(state)
+        if state["discounted_return"].shape == self.discounted_return.shape:
+            self.discounted_return.copy_(state["discounted_return"])

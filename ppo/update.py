@@ -1,0 +1,77 @@
+"""The PPO loss and update: clipped surrogate, (optionally clipped) value loss, entropy bonus;
+epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional target-KL stop."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from buffers import Minibatch, RolloutBuffer
+from ppo.agent import Agent
+from ppo.config import PPOSettings
+
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "old_approx_kl")
+
+
+def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(loss, stats)`; `stats` is a `[len(STAT_NAMES)]` tensor of detached diagnostics."""
+    _, new_log_prob, entropy, new_value = agent.get_action_and_value(mb.observations, mb.actions)
+    log_ratio = new_log_prob - mb.log_probs
+    ratio = log_ratio.exp()
+    advantages = mb.advantages
+    policy_loss = torch.max(-advantages * ratio,
+                            -advantages * ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)).mean()
+    if settings.clip_vloss:
+        clipped_value = mb.values + (new_value - mb.values).clamp(-settings.clip_coef, settings.clip_coef)
+        value_loss = 0.5 * torch.max((new_value - mb.returns).square(), (clipped_value - mb.returns).square()).mean()
+    else:
+        value_loss = 0.5 * (new_value - mb.returns).square().mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - settings.ent_coef * entropy_mean + settings.vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
+        old_approx_kl = (-log_ratio).mean()
+        clipfrac = ((ratio - 1).abs() > settings.clip_coef).float().mean()
+        stats = torch.stack([policy_loss, value_loss, entropy_mean, approx_kl, clipfrac, old_approx_kl]).detach()
+    return loss, stats
+
+
+def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBuffer, settings: PPOSettings,
+               generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
+    `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
+    total = torch.zeros(len(STAT_NAMES), device=buffer.device)
+    count = 0
+    epochs = 0
+    for _ in range(settings.update_epochs):
+        epochs += 1
+        epoch_kl = torch.zeros((), device=buffer.device)
+        for mb in buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv):
+            loss, stats = ppo_loss(agent, mb, settings)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            total += stats
+            count += 1
+            epoch_kl = stats[3]
+        if settings.target_kl is not None and epoch_kl.item() > settings.target_kl:
+            break
+    result = dict(zip(STAT_NAMES, total / max(count, 1), strict=True))
+    result["explained_variance"] = explained_variance(buffer)
+    result["epochs"] = torch.tensor(float(epochs))
+    return result
+
+
+def explained_variance(buffer: RolloutBuffer) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns) over the valid samples (NaN if returns are constant)."""
+    valid = buffer.valid.reshape(-1).float()
+    n = valid.sum().clamp(min=1)
+
+    def variance(x: torch.Tensor) -> torch.Tensor:
+        mean = (x * valid).sum() / n
+        return ((x - mean).square() * valid).sum() / n
+
+    returns, values = buffer.returns.reshape(-1), buffer.values.reshape(-1)
+    var_returns = variance(returns)
+    return torch.where(var_returns > 0, 1 - variance(returns - values) / var_returns, torch.nan)

@@ -1,0 +1,141 @@
+"""The collector and buffer on a toy environment with known values: dummy steps, truncation
+bootstraps and the advantages that come out, computed by hand."""
+
+import torch
+
+from buffers import RolloutBuffer
+from ppo.collect import Collector
+from ppo.config import EnvSettings
+from ppo.envs import make_envs
+from ppo.normalize import ObservationNormalizer, RewardScaler
+from tests.toy_env import TOY_ID, register_toy_envs
+
+GAMMA, LAM = 0.9, 0.8
+
+
+class KnownPolicy:
+    """V(obs) = 10 + obs[0]; actions are zero (the toy env ignores them)."""
+
+    def get_value(self, obs):
+        return 10.0 + obs[:, 0]
+
+    def get_action_and_value(self, obs, action=None):
+        zeros = torch.zeros(obs.shape[0], 1)
+        return zeros, torch.zeros(obs.shape[0]), torch.zeros(obs.shape[0]), self.get_value(obs)
+
+
+def collect_toy(num_steps: int, num_envs: int = 2) -> RolloutBuffer:
+    register_toy_envs()
+    device = torch.device("cpu")
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=num_envs, backend="gymnasium"), device, seed=0)
+    buffer = RolloutBuffer(num_steps, num_envs, 1, 1, device)
+    collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device, enabled=False),
+                          RewardScaler(num_envs, GAMMA, device, enabled=False), device, seed=0)
+    collector.collect(buffer)
+    envs.close()
+    return buffer
+
+
+# The toy env's first 8 steps from reset (see toy_env.py): episode 0 terminates at c=2, the next
+# step is the autoreset dummy, episode 1 is truncated at c=3, dummy again, episode 2 begins.
+OBSERVATIONS = [0, 1, 2, 0, 1, 2, 3, 0]
+REWARDS = [1, 2, 0, 1, 2, 3, 0, 1]
+TERMINATED = [False, True, False, False, False, False, False, False]
+TRUNCATED = [False, False, False, False, False, True, False, False]
+VALID = [True, True, False, True, True, True, False, True]
+
+
+def hand_computed_advantages():
+    values = [10.0 + o for o in OBSERVATIONS]
+    next_values = values[1:] + [10.0 + 1]  # after the window: obs 1 of episode 2
+    next_values[5] = 10.0 + 3  # truncated at step 5: V of its final observation (c = 3)
+    advantage, advantages = 0.0, [0.0] * 8
+    for t in reversed(range(8)):
+        done = TERMINATED[t] or TRUNCATED[t]
+        delta = REWARDS[t] + GAMMA * (0.0 if TERMINATED[t] else next_values[t]) - values[t]
+        advantage = delta + GAMMA * LAM * (0.0 if done else 1.0) * advantage
+        advantages[t] = advantage
+    return advantages, values
+
+
+def test_buffer_records_flags_rewards_and_dummy_steps():
+    buffer = collect_toy(8)
+    for env in range(2):  # both envs run the same deterministic episodes
+        assert buffer.observations[:, env, 0].tolist() == OBSERVATIONS
+        assert buffer.rewards[:, env].tolist() == REWARDS
+        assert buffer.terminateds[:, env].tolist() == TERMINATED
+        assert buffer.truncateds[:, env].tolist() == TRUNCATED
+        assert buffer.valid[:, env].tolist() == VALID
+
+
+def test_bootstrap_values_are_the_final_observation_values_at_truncations_and_window_end():
+    buffer = collect_toy(8)
+    expected = [0.0] * 8
+    expected[5] = 13.0  # V(final obs c=3) of the truncated episode, not V(reset obs)
+    expected[7] = 11.0  # V(obs after the window)
+    assert buffer.bootstrap_values[:, 0].tolist() == expected
+
+
+def test_advantages_and_returns_match_hand_computation():
+    buffer = collect_toy(8)
+    buffer.compute_advantages(GAMMA, LAM)
+    advantages, values = hand_computed_advantages()
+    torch.testing.assert_close(buffer.advantages[:, 0], torch.tensor(advantages))
+    torch.testing.assert_close(buffer.returns[:, 0], torch.tensor(advantages) + torch.tensor(values))
+
+
+def test_dummy_steps_never_reach_the_minibatches():
+    buffer = collect_toy(8)
+    buffer.compute_advantages(GAMMA, LAM)
+    generator = torch.Generator().manual_seed(0)
+    batches = list(buffer.minibatches(3, generator, normalize_advantages=False))
+    seen = torch.cat([mb.observations[:, 0] for mb in batches])
+    assert seen.numel() == 2 * sum(VALID)  # every valid sample once, no dummy
+    valid_obs = [o for o, v in zip(OBSERVATIONS, VALID, strict=True) if v] * 2
+    assert sorted(seen.tolist()) == sorted(float(o) for o in valid_obs)
+
+
+def test_advantage_normalisation_uses_valid_samples_only():
+    buffer = collect_toy(8)
+    buffer.compute_advantages(GAMMA, LAM)
+    buffer.advantages[~buffer.valid] = 1e6  # a dummy step's advantage must not shift the statistics
+    generator = torch.Generator().manual_seed(0)
+    advantages = torch.cat([mb.advantages for mb in buffer.minibatches(1, generator)])
+    assert abs(advantages.mean().item()) < 1e-5 and abs(advantages.std().item() - 1) < 1e-4
+
+
+def test_episodes_continue_across_windows():
+    # Two windows of 4 steps: the same transitions as one window of 8, with the window edge bootstrap.
+    register_toy_envs()
+    device = torch.device("cpu")
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=1, backend="gymnasium"), device, seed=0)
+    collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device, enabled=False),
+                          RewardScaler(1, GAMMA, device, enabled=False), device, seed=0)
+    first, second = RolloutBuffer(4, 1, 1, 1, device), RolloutBuffer(4, 1, 1, 1, device)
+    collector.collect(first)
+    collector.collect(second)
+    envs.close()
+    observations = first.observations[:, 0, 0].tolist() + second.observations[:, 0, 0].tolist()
+    valid = first.valid[:, 0].tolist() + second.valid[:, 0].tolist()
+    assert observations == OBSERVATIONS and valid == VALID
+    assert first.bootstrap_values[-1, 0].item() == 10.0 + 1  # V(obs 1 of episode 1), carried on next window
+
+
+def test_envpool_backend_follows_the_same_autoreset_rules():
+    # Pendulum-v1 is cut by its 200-step limit: the collector must mark the truncation, take the
+    # bootstrap from the final observation, and make the following reset step an invalid dummy.
+    device = torch.device("cpu")
+    envs = make_envs(EnvSettings(id="Pendulum-v1", num_envs=2, backend="envpool"), device, seed=0)
+    buffer = RolloutBuffer(203, 2, envs.obs_dim, envs.act_dim, device)
+    collector = Collector(envs, KnownPolicy(), ObservationNormalizer(envs.obs_dim, device, enabled=False),
+                          RewardScaler(2, GAMMA, device, enabled=False), device, seed=0)
+    collector.collect(buffer)
+    envs.close()
+    assert buffer.truncateds[:, 0].nonzero().squeeze(1).tolist() == [199]
+    assert not buffer.terminateds.any()
+    assert buffer.valid[:, 0].logical_not().nonzero().squeeze(1).tolist() == [200]
+    assert buffer.rewards[200].tolist() == [0.0, 0.0]
+    # the dummy step ran the policy on the final observation: its value is the bootstrap
+    assert buffer.bootstrap_values[199].tolist() == buffer.values[200].tolist()
+    assert buffer.bootstrap_values[199, 0].item() == (10.0 + buffer.observations[200, 0, 0]).item()
+    assert buffer.bootstrap_values[:199].abs().sum().item() == 0.0

@@ -1,0 +1,52 @@
+"""Every config composes into valid settings; bad values fail early with a message naming the key."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ppo.config import ConfigError, settings_from_dict
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
+
+
+def compose_settings(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    return settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_there_is_a_file_per_task_and_version():
+    tasks = ["Ant", "HalfCheetah", "Hopper", "Walker2d", "Humanoid", "InvertedPendulum"]
+    assert ENV_FILES == sorted(f"{t}-{v}" for t in tasks for v in ("v4", "v5"))
+
+
+@pytest.mark.parametrize("env_file", ENV_FILES)
+def test_every_env_file_composes(env_file):
+    settings = compose_settings(f"env={env_file}")
+    assert settings.env.id == env_file
+    assert settings.batch_size % settings.ppo.num_minibatches == 0
+    text = (CONFIGS / "env" / f"{env_file}.yaml").read_text()
+    assert "CleanRL" in text, "each env file names the source of its PPO values"
+
+
+def test_any_env_id_without_a_file():
+    assert compose_settings("env.id=Pusher-v5").env.id == "Pusher-v5"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("env.num_envs=0", "`env.num_envs` must be positive, got 0"),
+    ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
+    ("env.backend=isaac", "`env.backend` must be envpool or gymnasium, got 'isaac'"),
+    ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("ppo.gamma=1.5", r"`ppo.gamma` must be in \[0, 1\], got 1.5"),
+    ("ppo.learning_rate=-1", "`ppo.learning_rate` must be positive"),
+    ("total_timesteps=abc", "`total_timesteps` must be an integer"),
+    ("model.hidden_sizes=[]", "`model.hidden_sizes` must be a non-empty list"),
+    ("+ppo.clip_cof=0.1", "unknown setting `ppo.clip_cof`"),
+])
+def test_invalid_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        compose_settings(override)

@@ -1,0 +1,97 @@
+"""train.py end to end on CPU: smoke runs on both backends, TensorBoard, checkpoints, resume,
+multirun, error messages, the NaN guard, and (slow, still run in CI) learning InvertedPendulum."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppo.checkpoint import resolve_checkpoint
+from ppo.config import settings_from_dict
+from tests.toy_env import TOY_NAN_ID, register_toy_envs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_train(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *overrides], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
+    result = run_train("env=Hopper-v4", f"env.backend={backend}", "env.num_envs=4", "ppo.num_steps=64",
+                       "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=512", "device=cpu",
+                       f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "step 512/512" in result.stdout and "SPS" in result.stdout
+    assert list(tmp_path.glob("events.out.tfevents.*"))
+    assert (tmp_path / ".hydra" / "config.yaml").is_file()
+    checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 2
+
+
+def test_resume_continues_the_step_count_and_state(tmp_path):
+    common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
+              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1"]
+    first = run_train(*common, "total_timesteps=512", f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr
+    before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=False)
+    second = run_train(*common, "total_timesteps=1024", f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    assert second.returncode == 0, second.stderr
+    after = torch.load(resolve_checkpoint(str(tmp_path / "b")), weights_only=False)
+    assert (before["global_step"], after["global_step"]) == (512, 1024)
+    assert after["iteration"] == before["iteration"] + 2
+    assert after["obs_normalizer"]["count"] > before["obs_normalizer"]["count"]
+
+
+def test_multirun_makes_one_dir_per_job(tmp_path):
+    result = run_train("-m", "env=InvertedPendulum-v4", "seed=1,2", "env.num_envs=4", "ppo.num_steps=64",
+                       "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=256", "device=cpu",
+                       f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    runs = sorted(p.parent for p in tmp_path.glob("*/checkpoints"))
+    assert len(runs) == 2 and all(list(r.glob("events.out.tfevents.*")) for r in runs)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("env.id=Antt-v4", "error: unknown environment id 'Antt-v4' for env.backend=envpool. Did you mean: Ant-v4"),
+    ("ppo.num_minibatches=3", "error: `ppo.num_minibatches` (3) must divide the batch"),
+    ("env.backend=brax", "error: `env.backend` must be envpool or gymnasium"),
+    ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
+])
+def test_errors_are_one_line_without_traceback(override, message):
+    result = run_train(override, "device=cpu", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(message), result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    import train
+
+    register_toy_envs()
+    settings = settings_from_dict({
+        "total_timesteps": 4096, "device": "cpu", "checkpoint": {"every": 1},
+        "env": {"id": TOY_NAN_ID, "num_envs": 2, "backend": "gymnasium"},
+        "ppo": {"num_steps": 16, "num_minibatches": 2, "update_epochs": 1},
+    })
+    with pytest.raises(train.NonFiniteLossError, match=r"non-finite loss at iteration (\d+)") as error:
+        train.train(settings, str(tmp_path), torch.device("cpu"))
+    failed_at = int(re.search(r"iteration (\d+)", str(error.value)).group(1))
+    assert failed_at > 1  # rewards turn NaN after 40 env steps
+    good = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    assert good["iteration"] == failed_at - 1 and all(v.isfinite().all() for v in good["agent"].values())
+
+
+@pytest.mark.slow
+def test_inverted_pendulum_learns_within_150k_steps(tmp_path):
+    import train
+
+    settings = settings_from_dict({"total_timesteps": 150_000, "device": "cpu", "seed": 1,
+                                   "env": {"id": "InvertedPendulum-v4", "num_envs": 64}})
+    final_return = train.train(settings, str(tmp_path), torch.device("cpu"))
+    assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"

@@ -1,0 +1,216 @@
+"""Train PPO on a continuous-control task.
+
+    python train.py                                   # Ant-v4, the defaults in configs/
+    python train.py env=Hopper-v4 seed=2 device=cuda
+    python train.py -m env=Ant-v4,Hopper-v4 seed=1,2,3  # a sweep: one run dir per job
+
+Each run writes its resolved config (.hydra/), TensorBoard events and checkpoints into its run dir.
+The story of a run: settings -> environments, agent, buffer -> (collect, advantages, update, log,
+checkpoint) until `total_timesteps` -> the final checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import signal
+import sys
+import time
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from buffers import RolloutBuffer
+from ppo.agent import Agent
+from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from ppo.collect import Collector
+from ppo.config import ConfigError, TrainSettings, settings_from_dict
+from ppo.envs import check_env_id, make_envs
+from ppo.logger import RunLogger
+from ppo.normalize import ObservationNormalizer, RewardScaler
+from ppo.update import ppo_update
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@hydra.main(version_base=None, config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point; returns the final mean episodic return (the objective for sweepers)."""
+    try:
+        settings = settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
+        check_env_id(settings.env)
+        device = resolve_device(settings.device)
+        if settings.resume:
+            resolve_checkpoint(settings.resume)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        return train(settings, HydraConfig.get().runtime.output_dir, device)
+    except (NonFiniteLossError, ConfigError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"`device={name}` but CUDA is not available here (try device=cpu)")
+    return device
+
+
+def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
+    ppo = settings.ppo
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    seed_everything(settings.seed)
+    checkpoint = load_checkpoint(resolve_checkpoint(settings.resume), device) if settings.resume else None
+    iteration = checkpoint["iteration"] if checkpoint else 0
+    global_step = checkpoint["global_step"] if checkpoint else 0
+
+    envs = make_envs(settings.env, device, settings.seed + iteration)
+    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5)
+    obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
+    reward_scaler = RewardScaler(envs.num_envs, ppo.gamma, device, ppo.reward_clip, ppo.normalize_rewards)
+    generator = torch.Generator(device).manual_seed(settings.seed)
+    if checkpoint:
+        restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generator)
+    buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
+    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, settings.seed + iteration)
+    logger = RunLogger(run_dir, settings.total_timesteps, global_step, settings.log_every_s)
+    stop = StopOnSignal()
+
+    def state() -> dict:
+        return snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator)
+
+    print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs) on {device} for "
+          f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
+    recent: list[tuple[float, float]] = []  # (episodes, return sum) per iteration
+    try:
+        while global_step < settings.total_timesteps and not stop.requested:
+            iteration += 1
+            learning_rate = ppo.learning_rate * (1 - global_step / settings.total_timesteps if ppo.anneal_lr else 1)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate
+            env_s, inference_s = collector.env_seconds, collector.inference_seconds
+
+            collector.collect(buffer)
+            global_step += settings.batch_size
+
+            start = time.perf_counter()
+            buffer.compute_advantages(ppo.gamma, ppo.gae_lambda)
+            gae_s = synchronized_seconds(start, device)
+
+            start = time.perf_counter()
+            stats = ppo_update(agent, optimizer, buffer, ppo, generator)
+            update_s = synchronized_seconds(start, device)
+
+            # One read of device scalars per iteration.
+            episodes, return_sum, length_sum = collector.episodes.pop().tolist()
+            names = list(stats)
+            values = dict(zip(names, torch.stack([stats[n].float().to(device) for n in names]).tolist(), strict=True))
+            if not all(math.isfinite(values[n]) for n in ("policy_loss", "value_loss", "approx_kl")):
+                raise NonFiniteLossError(
+                    f"non-finite loss at iteration {iteration} (step {global_step:,}): policy {values['policy_loss']}, "
+                    f"value {values['value_loss']}; the last good checkpoint is kept in {run_dir}/checkpoints"
+                )
+            mean_return = return_sum / episodes if episodes else None
+            if episodes:
+                recent.append((episodes, return_sum))
+                logger.scalars(global_step, {"charts/episodic_return": mean_return,
+                                             "charts/episodic_length": length_sum / episodes})
+            logger.scalars(global_step, {
+                "charts/SPS": logger.sps(global_step), "charts/learning_rate": learning_rate,
+                **{f"losses/{n}": values[n] for n in ("policy_loss", "value_loss", "entropy", "approx_kl",
+                                                      "old_approx_kl", "clipfrac", "explained_variance")},
+                "time/env": collector.env_seconds - env_s, "time/inference": collector.inference_seconds - inference_s,
+                "time/gae": gae_s, "time/update": update_s,
+            })
+            logger.progress(global_step, mean_return)
+            if settings.checkpoint.every and iteration % settings.checkpoint.every == 0:
+                save_checkpoint(run_dir, state())
+        path = save_checkpoint(run_dir, state())
+        logger.progress(global_step, None, final=True)
+        if stop.requested:
+            print(f"stopped by signal at step {global_step:,}; checkpoint {path} (resume={run_dir})", flush=True)
+    finally:
+        envs.close()
+        logger.close()
+    return last_mean_return(recent)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def synchronized_seconds(start: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def last_mean_return(recent: list[tuple[float, float]], episodes_wanted: int = 100) -> float:
+    """Mean return over (about) the last `episodes_wanted` episodes, by whole iterations."""
+    count = total = 0.0
+    for episodes, return_sum in reversed(recent):
+        count, total = count + episodes, total + return_sum
+        if count >= episodes_wanted:
+            break
+    return total / count if count else math.nan
+
+
+def snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator) -> dict:
+    return {
+        "settings": dataclasses.asdict(settings), "iteration": iteration, "global_step": global_step,
+        "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        "obs_normalizer": obs_normalizer.state_dict(), "reward_scaler": reward_scaler.state_dict(),
+        "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+    }
+
+
+def restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generator) -> None:
+    try:
+        agent.load_state_dict(checkpoint["agent"])
+    except RuntimeError as error:
+        raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({error})") from error
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    obs_normalizer.load_state_dict(checkpoint["obs_normalizer"])
+    reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+    generator.set_state(checkpoint["generator"].cpu())
+    torch.set_rng_state(checkpoint["torch_rng"].cpu())
+    if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])
+    np.random.set_state(checkpoint["numpy_rng"])
+    random.setstate(checkpoint["python_rng"])
+
+
+class StopOnSignal:
+    """Ctrl-C or SIGTERM: finish the iteration, save a checkpoint, exit cleanly. A second one aborts."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nstopping after this iteration (again to abort)...", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
