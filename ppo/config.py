@@ -113,8 +113,8 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
             raise ConfigError(f"`{key}` must be a number, got {value!r}")
         return float(value)
     elif isinstance(default, tuple):
-        integers = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        if not integers:
+        is_int = [isinstance(v, int) and not isinstance(v, bool) for v in value] if isinstance(value, (list, tuple)) else []
+        if not isinstance(value, (list, tuple)) or not all(is_int):
             raise ConfigError(f"`{key}` must be a list of integers, got {value!r}")
         return tuple(value)
     elif isinstance(default, str) or default is None:
