@@ -113,14 +113,17 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
             raise ConfigError(f"`{key}` must be a number, got {value!r}")
         return float(value)
     elif isinstance(default, tuple):
-        is_int = [isinstance(v, int) and not isinstance(v, bool) for v in value] if isinstance(value, (list, tuple)) else []
-        if not isinstance(value, (list, tuple)) or not all(is_int):
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
             raise ConfigError(f"`{key}` must be a list of integers, got {value!r}")
         return tuple(value)
     elif isinstance(default, str) or default is None:
         if not isinstance(value, str):
             raise ConfigError(f"`{key}` must be a string, got {value!r}")
     return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _validate(s: TrainSettings) -> None:
