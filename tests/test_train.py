@@ -95,3 +95,25 @@ def test_inverted_pendulum_learns_within_150k_steps(tmp_path):
                                    "env": {"id": "InvertedPendulum-v4", "num_envs": 64}})
     final_return = train.train(settings, str(tmp_path), torch.device("cpu"))
     assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "train.py", "env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64",
+         "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=10000000", "device=cpu",
+         "log_every_s=0.01", "checkpoint.every=0", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until training is under way
+        line = process.stdout.readline()
+        if line.startswith("step "):
+            break
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "stopped by signal" in out
+    checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    assert 0 < checkpoint["global_step"] < 10_000_000
