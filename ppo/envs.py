@@ -67,29 +67,37 @@ def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
 
 
 class _TensorEnvs:
-    """Shared host<->device plumbing: numpy in and out of the simulator, torch on the run's device."""
+    """Shared plumbing around a gymnasium-API vector env (`self.env`): numpy in and out of the
+    simulator, torch on the run's device."""
 
-    def __init__(self, num_envs: int, observation_space, action_space, device: torch.device):
-        self.num_envs = num_envs
+    def __init__(self, env, num_envs: int, observation_space, action_space, device: torch.device):
+        self.env, self.num_envs, self.device = env, num_envs, device
         self.obs_dim = int(np.prod(observation_space.shape))
         self.act_dim = int(np.prod(action_space.shape))
-        self.device = device
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
         self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
         self._pin = device.type == "cuda"
 
-    def _to_device(self, obs, rewards, terminateds, truncateds):
-        def move(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            t = torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
-            if self._pin:
-                t = t.pin_memory()
-            return t.to(self.device, non_blocking=True)
+    def reset(self, seed: int) -> torch.Tensor:
+        obs, _ = self.env.reset(**self._reset_kwargs(seed))
+        return self._move(obs.reshape(self.num_envs, -1), torch.float32)
 
-        return (move(obs.reshape(self.num_envs, -1), torch.float32), move(rewards, torch.float32),
-                move(terminateds, torch.bool), move(truncateds, torch.bool))
+    def step(self, actions: torch.Tensor):
+        obs, rewards, terminateds, truncateds, _ = self.env.step(actions.detach().to("cpu", torch.float32).numpy())
+        return (self._move(obs.reshape(self.num_envs, -1), torch.float32), self._move(rewards, torch.float32),
+                self._move(terminateds, torch.bool), self._move(truncateds, torch.bool))
 
-    def _actions(self, actions: torch.Tensor) -> np.ndarray:
-        return actions.detach().to("cpu", torch.float32).numpy()
+    def close(self) -> None:
+        self.env.close()
+
+    def _reset_kwargs(self, seed: int) -> dict:
+        return {"seed": seed}
+
+    def _move(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+        if self._pin:
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
 
 
 class EnvpoolEnvs(_TensorEnvs):
@@ -97,42 +105,20 @@ class EnvpoolEnvs(_TensorEnvs):
         import envpool
 
         threads = settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
-        self.env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
-                                num_threads=threads)
-        super().__init__(settings.num_envs, self.env.observation_space, self.env.action_space, device)
+        env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
+                           num_threads=threads)
+        super().__init__(env, settings.num_envs, env.observation_space, env.action_space, device)
 
-    def reset(self, seed: int) -> torch.Tensor:
-        # envpool seeds at construction; a reset restarts every episode from that stream
-        obs, _ = self.env.reset()
-        return self._to_device(obs, np.zeros(self.num_envs), np.zeros(self.num_envs, bool),
-                               np.zeros(self.num_envs, bool))[0]
-
-    def step(self, actions: torch.Tensor):
-        obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions(actions))
-        return self._to_device(obs, rewards, terminateds, truncateds)
-
-    def close(self) -> None:
-        self.env.close()
+    def _reset_kwargs(self, seed: int) -> dict:
+        return {}  # envpool is seeded at construction; a reset restarts every episode from that stream
 
 
 class GymnasiumEnvs(_TensorEnvs):
     def __init__(self, settings: EnvSettings, device: torch.device):
         import gymnasium
 
-        self.env = gymnasium.make_vec(
+        env = gymnasium.make_vec(
             settings.id, num_envs=settings.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP},
         )
-        super().__init__(settings.num_envs, self.env.single_observation_space, self.env.single_action_space, device)
-
-    def reset(self, seed: int) -> torch.Tensor:
-        obs, _ = self.env.reset(seed=seed)
-        return self._to_device(obs, np.zeros(self.num_envs), np.zeros(self.num_envs, bool),
-                               np.zeros(self.num_envs, bool))[0]
-
-    def step(self, actions: torch.Tensor):
-        obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions(actions))
-        return self._to_device(obs, rewards, terminateds, truncateds)
-
-    def close(self) -> None:
-        self.env.close()
+        super().__init__(env, settings.num_envs, env.single_observation_space, env.single_action_space, device)
