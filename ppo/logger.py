@@ -33,7 +33,9 @@ class RunLogger:
         self.last_print = now
         sps = self.sps(step)
         eta = max(self.total - step, 0) / sps if sps > 0 else math.inf
-        line = (f"step {step:>{len(str(self.total))},}/{self.total:,} ({100 * step / self.total:5.1f}%) | "
+        done = min(step / self.total, 1.0)
+        bar = "#" * round(20 * done) + "." * (20 - round(20 * done))
+        line = (f"[{bar}] step {step:>{len(str(self.total))},}/{self.total:,} ({100 * step / self.total:5.1f}%) | "
                 f"SPS {sps:,.0f} | return {self.recent_return:9.2f} | ETA {_duration(eta)}")
         print(line, file=sys.stdout, flush=True)
 

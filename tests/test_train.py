@@ -109,7 +109,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until training is under way
         line = process.stdout.readline()
-        if line.startswith("step "):
+        if line.startswith("[") and " step " in line:
             break
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
