@@ -69,8 +69,10 @@ def resolve_device(name: str) -> torch.device:
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     ppo = settings.ppo
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+    # One intra-op thread by default: these MLPs are too small to gain from more, and idle OpenMP
+    # workers spin on the cores the simulator's threads need (measured: env time 265 -> 179 ms per
+    # iteration on 2 cores, docs/benchmarks.md).
+    torch.set_num_threads(settings.torch_threads or 1)
     seed_everything(settings.seed)
     checkpoint = load_checkpoint(resolve_checkpoint(settings.resume), device) if settings.resume else None
     iteration = checkpoint["iteration"] if checkpoint else 0
@@ -78,7 +80,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
 
     envs = make_envs(settings.env, device, settings.seed + iteration)
     agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5, fused=True)  # one kernel
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
     reward_scaler = RewardScaler(envs.num_envs, ppo.gamma, device, ppo.reward_clip, ppo.normalize_rewards)
     generator = torch.Generator(device).manual_seed(settings.seed)
@@ -102,6 +104,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate
             env_s, inference_s = collector.env_seconds, collector.inference_seconds
+            iteration_start = time.perf_counter()
 
             collector.collect(buffer)
             global_step += settings.batch_size
@@ -133,7 +136,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                 **{f"losses/{n}": values[n] for n in ("policy_loss", "value_loss", "entropy", "approx_kl",
                                                       "old_approx_kl", "clipfrac", "explained_variance")},
                 "time/env": collector.env_seconds - env_s, "time/inference": collector.inference_seconds - inference_s,
-                "time/gae": gae_s, "time/update": update_s,
+                "time/gae": gae_s, "time/update": update_s, "time/iteration": time.perf_counter() - iteration_start,
             })
             logger.progress(global_step, mean_return)
             if settings.checkpoint.every and iteration % settings.checkpoint.every == 0:

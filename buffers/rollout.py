@@ -62,16 +62,16 @@ class RolloutBuffer:
         )
 
     def minibatches(
-        self, num_minibatches: int, generator: torch.Generator, normalize_advantages: bool = True
+        self, num_minibatches: int, generator: torch.Generator, normalize_advantages: bool = True,
+        epochs: int = 1,
     ) -> Iterator[Minibatch]:
-        """Shuffled minibatches over the valid samples of the flattened buffer (`b_` -> `mb_`).
+        """`epochs` passes of shuffled minibatches over the valid samples of the flattened buffer.
 
-        Advantages are normalised over valid samples only. The permutation comes from `generator`
-        (on the buffer's device), so a seeded run shuffles the same way every time. Reading the
-        number of valid samples syncs with the device once per epoch.
+        The valid samples are gathered once (`b_` -> `mb_`); advantages are normalised over them
+        only. Each pass draws a new permutation from `generator` (on the buffer's device), so a
+        seeded run shuffles the same way every time. Counting the valid samples syncs once.
         """
-        valid = self.valid.reshape(-1)
-        indices = valid.nonzero().squeeze(1)  # [num_valid]
+        indices = self.valid.reshape(-1).nonzero().squeeze(1)  # [num_valid]
         b_advantages = self.advantages.reshape(-1)[indices]
         if normalize_advantages and indices.numel() > 1:
             b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
@@ -80,7 +80,8 @@ class RolloutBuffer:
         b_log_probs = self.log_probs.reshape(-1)[indices]
         b_values = self.values.reshape(-1)[indices]
         b_returns = self.returns.reshape(-1)[indices]
-        order = torch.randperm(indices.numel(), generator=generator, device=generator.device).to(self.device)
-        for mb in torch.tensor_split(order, num_minibatches):  # sizes differ by at most one
-            yield Minibatch(b_observations[mb], b_actions[mb], b_log_probs[mb], b_values[mb],
-                            b_advantages[mb], b_returns[mb])
+        for _ in range(epochs):
+            order = torch.randperm(indices.numel(), generator=generator, device=generator.device).to(self.device)
+            for mb in torch.tensor_split(order, num_minibatches):  # sizes differ by at most one
+                yield Minibatch(b_observations[mb], b_actions[mb], b_log_probs[mb], b_values[mb],
+                                b_advantages[mb], b_returns[mb])

@@ -7,7 +7,8 @@ import math
 
 import torch
 from torch import nn
-from torch.distributions import Normal
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _layer(in_features: int, out_features: int, gain: float = math.sqrt(2)) -> nn.Linear:
@@ -41,13 +42,18 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, obs: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(action [B, A], log_prob [B], entropy [B], value [B])`; samples when `action` is None."""
+        """`(action [B, A], log_prob [B], entropy [B], value [B])`; samples when `action` is None.
+
+        The diagonal Gaussian is written out rather than built as a torch.distributions.Normal:
+        fewer ops per minibatch step, and no argument validation (a host sync per call)."""
         mean = self.actor_mean(obs)
-        # validate_args=False: argument checks cost a host sync per call (and a NaN guard lives in train.py)
-        dist = Normal(mean, self.actor_log_std.expand_as(mean).exp(), validate_args=False)
+        log_std = self.actor_log_std.expand_as(mean)
+        std = log_std.exp()
         if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(obs)
+            action = mean + std * torch.randn_like(mean)
+        log_prob = (-0.5 * ((action - mean) / std).square() - log_std - _LOG_SQRT_2PI).sum(-1)
+        entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
+        return action, log_prob, entropy, self.get_value(obs)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor_mean(obs)

@@ -59,7 +59,7 @@ class TrainSettings:
     total_timesteps: int = 1_000_000
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     resume: str | None = None
-    torch_threads: int = 0  # 0: leave torch's default
+    torch_threads: int = 0  # 0: one (see train.py)
     log_every_s: float = 2.0  # console progress line at most this often
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)

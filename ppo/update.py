@@ -41,22 +41,21 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
     `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
-    count = 0
-    epochs = 0
-    for _ in range(settings.update_epochs):
-        epochs += 1
-        epoch_kl = torch.zeros((), device=buffer.device)
-        for mb in buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv):
-            loss, stats = ppo_loss(agent, mb, settings)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
-            optimizer.step()
-            total += stats
-            count += 1
-            epoch_kl = stats[3]
-        if settings.target_kl is not None and epoch_kl.item() > settings.target_kl:
-            break
+    count = epochs = 0
+    minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
+    for index, mb in enumerate(minibatches):
+        loss, stats = ppo_loss(agent, mb, settings)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        total += stats
+        count += 1
+        if (index + 1) % settings.num_minibatches == 0:  # an epoch ends
+            epochs += 1
+            # target-KL: one host sync per epoch, only when asked for
+            if settings.target_kl is not None and stats[3].item() > settings.target_kl:
+                break
     result = dict(zip(STAT_NAMES, total / max(count, 1), strict=True))
     result["explained_variance"] = explained_variance(buffer)
     result["epochs"] = torch.tensor(float(epochs))

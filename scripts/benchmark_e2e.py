@@ -1,0 +1,108 @@
+"""End-to-end throughput, in one process run: the raw simulator, our training loop, a CleanRL-style loop.
+
+    python scripts/benchmark_e2e.py                                # Ant-v4, default config, device auto
+    python scripts/benchmark_e2e.py --device cuda --iterations 40 env=Hopper-v4 env.num_envs=256
+
+Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
+1. raw: envpool stepping with random actions, same num_envs and threads, no learning;
+2. ours: `train.train()` as `python train.py` runs it; steady state = median `time/iteration`
+   after the warm-up iterations, with the median time breakdown (env, inference, GAE, update);
+3. CleanRL-style: scripts/cleanrl_reference.py with the same network and batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from cleanrl_reference import cleanrl_style_sps  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+import train  # noqa: E402
+from ppo.config import settings_from_dict  # noqa: E402
+
+
+def raw_env_sps(env_id: str, num_envs: int, num_threads: int, steps: int, seed: int = 1) -> float:
+    import envpool
+
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed,
+                        num_threads=num_threads or min(num_envs, os.cpu_count() or 1))
+    envs.reset()
+    low, high = envs.action_space.low, envs.action_space.high
+    rng = np.random.default_rng(seed)
+    actions = [rng.uniform(low, high, (num_envs, *low.shape)).astype(np.float32) for _ in range(16)]
+    for i in range(20):
+        envs.step(actions[i % 16])
+    start = time.perf_counter()
+    for i in range(steps):
+        envs.step(actions[i % 16])
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return steps * num_envs / elapsed
+
+
+def our_sps(settings, device: torch.device, warmup: int) -> tuple[float, dict[str, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        train.train(settings, run_dir, device)
+        events = EventAccumulator(glob.glob(f"{run_dir}/events.out.tfevents.*")[0])
+        events.Reload()
+        breakdown = {tag: statistics.median(e.value for e in events.Scalars(tag)[warmup:])
+                     for tag in ("time/iteration", "time/env", "time/inference", "time/gae", "time/update")}
+    return settings.batch_size / breakdown["time/iteration"], breakdown
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--iterations", type=int, default=20, help="measured iterations (after warm-up)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--skip-cleanrl", action="store_true")
+    args, overrides = parser.parse_known_args()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose(config_name="train", overrides=overrides)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    device = train.resolve_device(args.device)
+    config.update(device=str(device), log_every_s=1e9, checkpoint={"every": 0})
+    batch = config["env"]["num_envs"] * config["ppo"]["num_steps"]
+    config["total_timesteps"] = batch * (args.warmup + args.iterations)
+    settings = settings_from_dict(config)
+    env = settings.env
+
+    cpu = platform.processor() or platform.machine()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "-"
+    print(f"# {env.id}, {env.num_envs} envs x {settings.ppo.num_steps} steps, {settings.ppo.update_epochs} epochs x "
+          f"{settings.ppo.num_minibatches} minibatches; device {device} ({gpu}); {os.cpu_count()} CPUs ({cpu}); "
+          f"torch {torch.__version__}; {time.strftime('%Y-%m-%d')}", flush=True)
+    raw = raw_env_sps(env.id, env.num_envs, env.num_threads, steps=max(200, 20000 // env.num_envs))
+    print(f"raw envpool, random actions:   {raw:10,.0f} steps/s", flush=True)
+    ours, breakdown = our_sps(settings, device, args.warmup)
+    print(f"ours (steady state):           {ours:10,.0f} steps/s  = {ours / raw:5.1%} of raw", flush=True)
+    per_iteration = breakdown["time/iteration"]
+    for tag in ("time/env", "time/inference", "time/gae", "time/update"):
+        print(f"    {tag:16s} {breakdown[tag] * 1e3:9.2f} ms/iteration ({breakdown[tag] / per_iteration:6.2%})")
+    if not args.skip_cleanrl:
+        reference = cleanrl_style_sps(env.id, env.num_envs, settings.ppo.num_steps, args.iterations // 2 or 1,
+                                      1, device, settings.ppo.num_minibatches, settings.ppo.update_epochs)
+        print(f"CleanRL-style loop:            {reference:10,.0f} steps/s  -> ours is {ours / reference:5.1f}x",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
