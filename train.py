@@ -12,11 +12,15 @@ checkpoint) until `total_timesteps` -> the final checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import platform
 import random
 import signal
 import sys
 import time
+from pathlib import Path
 
 import hydra
 import numpy as np
@@ -94,6 +98,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     def state() -> dict:
         return snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator)
 
+    write_run_info(run_dir, settings, device)
     print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs) on {device} for "
           f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, return sum) per iteration
@@ -130,7 +135,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             if episodes:
                 recent.append((episodes, return_sum))
                 logger.scalars(global_step, {"charts/episodic_return": mean_return,
-                                             "charts/episodic_length": length_sum / episodes})
+                                             "charts/episodic_length": length_sum / episodes,
+                                             "charts/episodes": episodes})
             logger.scalars(global_step, {
                 "charts/SPS": logger.sps(global_step), "charts/learning_rate": learning_rate,
                 **{f"losses/{n}": values[n] for n in ("policy_loss", "value_loss", "entropy", "approx_kl",
@@ -149,6 +155,27 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         envs.close()
         logger.close()
     return last_mean_return(recent)
+
+
+def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device) -> None:
+    """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/)."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    cpu = cpu_name()
+    info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu,
+            "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
+            "hardware": f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "run_info.json").write_text(json.dumps(info, indent=1))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def seed_everything(seed: int) -> None:
