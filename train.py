@@ -34,7 +34,7 @@ from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs
-from ppo.logger import RunLogger
+from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from ppo.update import ppo_update
 
@@ -101,7 +101,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     write_run_info(run_dir, settings, device)
     print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs) on {device} for "
           f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
-    recent: list[tuple[float, float]] = []  # (episodes, return sum) per iteration
+    recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.requested:
             iteration += 1
@@ -133,7 +133,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                 )
             mean_return = return_sum / episodes if episodes else None
             if episodes:
-                recent.append((episodes, return_sum))
+                recent.append((episodes, mean_return))
                 logger.scalars(global_step, {"charts/episodic_return": mean_return,
                                              "charts/episodic_length": length_sum / episodes,
                                              "charts/episodes": episodes})
@@ -154,7 +154,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     finally:
         envs.close()
         logger.close()
-    return last_mean_return(recent)
+    return mean_of_last_episodes(recent)
 
 
 def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device) -> None:
@@ -188,16 +188,6 @@ def synchronized_seconds(start: float, device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-def last_mean_return(recent: list[tuple[float, float]], episodes_wanted: int = 100) -> float:
-    """Mean return over (about) the last `episodes_wanted` episodes, by whole iterations."""
-    count = total = 0.0
-    for episodes, return_sum in reversed(recent):
-        count, total = count + episodes, total + return_sum
-        if count >= episodes_wanted:
-            break
-    return total / count if count else math.nan
 
 
 def snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator) -> dict:

@@ -50,3 +50,15 @@ def _duration(seconds: float) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def mean_of_last_episodes(per_iteration: list[tuple[float, float]], episodes_wanted: int = 100) -> float:
+    """Mean return over (about) the last `episodes_wanted` episodes, from `(episodes, mean return)`
+    pairs of successive iterations, taking whole iterations from the end (CleanRL's metric is the
+    last 100 episodes; iterations finish several at a time)."""
+    count = total = 0.0
+    for episodes, mean_return in reversed(per_iteration):
+        count, total = count + episodes, total + episodes * mean_return
+        if count >= episodes_wanted:
+            break
+    return total / count if count else math.nan

@@ -1,0 +1,56 @@
+"""Reproduce the MuJoCo baselines in one command, then summarise them.
+
+    python scripts/reproduce_baselines.py --device cuda          # everything (hours on a GPU host)
+    python scripts/reproduce_baselines.py --dry-run              # print the commands only
+    python scripts/reproduce_baselines.py --tasks Hopper-v4 --scale 0.01   # a quick check
+
+Runs, each with its configs/env/ defaults: HalfCheetah, Hopper, Walker2d, Ant, Humanoid and
+InvertedPendulum (-v4) for 1M steps x 3 seeds, and Ant-v4 for 10M steps; then
+scripts/summarize_results.py writes docs/results/baselines.csv, docs/results.md and the plots.
+Jobs run one after another (Hydra's basic launcher); each has its own run dir under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4", "InvertedPendulum-v4"]
+
+
+def commands(args) -> list[list[str]]:
+    def sweep(tasks: list[str], seeds: list[int], steps: int, name: str) -> list[str]:
+        return [sys.executable, "train.py", "-m", f"env={','.join(tasks)}", f"seed={','.join(map(str, seeds))}",
+                f"total_timesteps={max(int(steps * args.scale), 1)}", f"device={args.device}", "log_every_s=30",
+                f"hydra.sweep.dir={args.out / name}"]
+
+    runs = [sweep(args.tasks, args.seeds, 1_000_000, "1M")]
+    if "Ant-v4" in args.tasks and args.ant_10m_seeds:
+        runs.append(sweep(["Ant-v4"], args.ant_10m_seeds, 10_000_000, "Ant-v4_10M"))
+    runs.append([sys.executable, "scripts/summarize_results.py", str(args.out), "--out", str(args.docs)])
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--tasks", nargs="+", default=TASKS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--ant-10m-seeds", nargs="*", type=int, default=[1])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (quick checks)")
+    parser.add_argument("--out", type=Path, default=ROOT / "multirun" / "baselines")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    for command in commands(args):
+        print("$", shlex.join(command), flush=True)
+        if not args.dry_run:
+            subprocess.run(command, cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Summarise training runs into docs/results/baselines.csv, docs/results.md and learning-curve PNGs.
+
+    python scripts/summarize_results.py multirun/ runs/       # any run dirs or folders holding them
+
+A run is a folder with `run_info.json` (written by train.py) and TensorBoard events. Per run, the
+score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
+from the end, from `charts/episodic_return` weighted by `charts/episodes`). Rows group runs by task
+and step budget: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock
+and SPS averaged over seeds, and where they ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from ppo.logger import mean_of_last_episodes  # noqa: E402
+
+# Public PPO results at the same budgets (mean return), drawn as a line on each plot.
+REFERENCES: dict[tuple[str, int], tuple[float, str]] = {
+    ("HalfCheetah-v4", 1_000_000): (1442, "CleanRL ppo_continuous_action"),
+    ("Walker2d-v4", 1_000_000): (2288, "CleanRL ppo_continuous_action"),
+    ("Hopper-v4", 1_000_000): (2383, "CleanRL ppo_continuous_action"),
+    ("Humanoid-v4", 1_000_000): (716, "CleanRL ppo_continuous_action"),
+    ("InvertedPendulum-v4", 1_000_000): (963, "CleanRL ppo_continuous_action"),
+    ("Ant-v4", 1_000_000): (2965, "CleanRL ppo_continuous_action_envpool"),
+    ("Ant-v4", 10_000_000): (5876, "Sample Factory (rl_games reports ~6000 at 8M)"),
+}
+CSV_COLUMNS = ["task", "steps", "seeds", "mean", "std", "wall_clock_s", "sps", "hardware"]
+
+
+@dataclass
+class Run:
+    path: Path
+    task: str
+    budget: int  # total_timesteps asked for
+    seed: int
+    hardware: str
+    steps: np.ndarray  # global step of each iteration that finished episodes
+    returns: np.ndarray  # mean episodic return of those iterations
+    episodes: np.ndarray
+    final_step: int
+    wall_clock_s: float
+
+    @property
+    def score(self) -> float:
+        return mean_of_last_episodes(list(zip(self.episodes.tolist(), self.returns.tolist(), strict=True)))
+
+
+def load_run(path: Path) -> Run | None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    info = json.loads((path / "run_info.json").read_text())
+    events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    if "charts/episodic_return" not in tags or "charts/SPS" not in tags:
+        return None
+    returns = events.Scalars("charts/episodic_return")
+    episodes = {e.step: e.value for e in events.Scalars("charts/episodes")} if "charts/episodes" in tags else {}
+    sps = events.Scalars("charts/SPS")
+    budget = _budget(path) or sps[-1].step
+    return Run(path=path, task=info["env_id"], budget=budget, seed=info["seed"], hardware=info["hardware"],
+               steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
+               episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
+               final_step=sps[-1].step, wall_clock_s=sps[-1].wall_time - sps[0].wall_time)
+
+
+def _budget(path: Path) -> int | None:
+    config = path / ".hydra" / "config.yaml"
+    if config.is_file():
+        for line in config.read_text().splitlines():
+            if line.startswith("total_timesteps:"):
+                return int(line.split(":", 1)[1])
+    return None
+
+
+def find_runs(roots: list[Path]) -> list[Run]:
+    runs = []
+    for root in roots:
+        for info in sorted(root.rglob("run_info.json")):
+            run = load_run(info.parent)
+            if run is not None:
+                runs.append(run)
+    return runs
+
+
+def summarize(runs: list[Run]) -> list[dict]:
+    groups: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[(run.task, run.budget)].append(run)
+    rows = []
+    for (task, budget), group in sorted(groups.items()):
+        scores = np.array([r.score for r in group])
+        wall = float(np.mean([r.wall_clock_s for r in group]))
+        rows.append({
+            "task": task, "steps": budget, "seeds": len(group),
+            "mean": round(float(scores.mean()), 1), "std": round(float(scores.std()), 1),
+            "wall_clock_s": round(wall, 1),
+            "sps": round(float(np.mean([r.final_step / max(r.wall_clock_s, 1e-9) for r in group]))),
+            "hardware": "; ".join(sorted({r.hardware for r in group})),
+        })
+    return rows
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = np.linspace(0, budget, 200)
+    curves = np.stack([np.interp(grid, r.steps, r.returns, left=np.nan) for r in group])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    mean = np.nanmean(curves, axis=0)
+    ax.plot(grid, mean, label=f"ppo-triton, mean of {len(group)} seeds")
+    ax.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.25,
+                    label="min-max over seeds")
+    if (task, budget) in REFERENCES:
+        value, source = REFERENCES[(task, budget)]
+        ax.axhline(value, color="black", linestyle="--", label=f"{source}: {value}")
+    ax.set(title=f"{task}, {budget:,} steps", xlabel="environment steps", ylabel="episodic return")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path) -> None:
+    lines = ["# Results", "",
+             "Written by `scripts/summarize_results.py`. Score: the average return of each run's last 100",
+             "training episodes (CleanRL's metric); mean and std (ddof=0) over seeds.", "",
+             "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+    for row in rows:
+        reference = REFERENCES.get((row["task"], row["steps"]))
+        ref = f"{reference[0]} ({reference[1]})" if reference else "-"
+        lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
+                     f"{row['wall_clock_s']:,} | {row['sps']:,} | {row['hardware']} |")
+    lines.append("")
+    for row in rows:
+        image = images / f"{row['task']}_{row['steps']}.png"
+        lines.append(f"![{row['task']} {row['steps']:,} steps]({image.relative_to(path.parent).as_posix()})")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("roots", nargs="+", type=Path, help="run dirs, or folders holding them")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="writes results.md and results/ here")
+    args = parser.parse_args()
+    runs = find_runs(args.roots)
+    if not runs:
+        sys.exit(f"no runs (folders with run_info.json and TensorBoard events) under {[str(r) for r in args.roots]}")
+    rows = summarize(runs)
+    write_csv(rows, args.out / "results" / "baselines.csv")
+    for row in rows:
+        group = [r for r in runs if (r.task, r.budget) == (row["task"], row["steps"])]
+        plot(row["task"], row["steps"], group, args.out / "results" / f"{row['task']}_{row['steps']}.png")
+    write_markdown(rows, runs, args.out / "results.md", args.out / "results")
+    for row in rows:
+        print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))
+
+
+if __name__ == "__main__":
+    main()

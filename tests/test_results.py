@@ -1,0 +1,59 @@
+"""The results summariser on synthetic runs with known returns, and the reproduction command."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+summarize_results = pytest.importorskip("summarize_results")
+
+
+def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000) -> None:
+    """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
+    path.mkdir(parents=True)
+    (path / "run_info.json").write_text(json.dumps({"env_id": task, "seed": seed, "hardware": "test box"}))
+    (path / ".hydra").mkdir()
+    (path / ".hydra" / "config.yaml").write_text(f"seed: {seed}\ntotal_timesteps: {budget}\n")
+    writer = SummaryWriter(str(path))
+    for i in range(1, 11):
+        step = i * 1000
+        writer.add_scalar("charts/episodic_return", final_return * i / 10, step)
+        writer.add_scalar("charts/episodes", 20, step)
+        writer.add_scalar("charts/SPS", 1000.0, step)
+    writer.close()
+
+
+def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
+    for seed, final in ((1, 100.0), (2, 200.0)):
+        fake_run(tmp_path / "runs" / f"hopper{seed}", "Hopper-v4", seed, final)
+    fake_run(tmp_path / "runs" / "pendulum", "InvertedPendulum-v4", 1, 50.0)
+    out = tmp_path / "docs"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(tmp_path / "runs"),
+                    "--out", str(out)], check=True, capture_output=True)
+    rows = {r["task"]: r for r in csv.DictReader((out / "results" / "baselines.csv").open())}
+    assert list(rows["Hopper-v4"]) == summarize_results.CSV_COLUMNS
+    # last 100 episodes = the last 5 iterations of 20: mean of 0.6..1.0 x final = 0.8 x final
+    hopper_scores = [0.8 * 100.0, 0.8 * 200.0]
+    assert float(rows["Hopper-v4"]["mean"]) == pytest.approx(sum(hopper_scores) / 2)
+    assert float(rows["Hopper-v4"]["std"]) == pytest.approx(40.0)
+    assert rows["Hopper-v4"]["seeds"] == "2" and rows["Hopper-v4"]["steps"] == "10000"
+    assert float(rows["InvertedPendulum-v4"]["mean"]) == pytest.approx(40.0)
+    assert rows["Hopper-v4"]["hardware"] == "test box"
+    assert (out / "results" / "Hopper-v4_10000.png").stat().st_size > 1000
+    assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
+
+
+def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
+    result = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--dry-run"], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    lines = result.stdout.splitlines()
+    assert "env=HalfCheetah-v4,Hopper-v4,Walker2d-v4,Ant-v4,Humanoid-v4,InvertedPendulum-v4" in lines[0]
+    assert "seed=1,2,3" in lines[0] and "total_timesteps=1000000" in lines[0]
+    assert "env=Ant-v4" in lines[1] and "total_timesteps=10000000" in lines[1]
+    assert "summarize_results.py" in lines[2]
