@@ -56,10 +56,13 @@ def main(cfg: DictConfig) -> float:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     try:
-        return train(settings, HydraConfig.get().runtime.output_dir, device)
+        objective = train(settings, HydraConfig.get().runtime.output_dir, device)
     except (NonFiniteLossError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
+    if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
+        sys.exit(0)
+    return objective
 
 
 def resolve_device(name: str) -> torch.device:
@@ -220,6 +223,8 @@ def restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generat
 class StopOnSignal:
     """Ctrl-C or SIGTERM: finish the iteration, save a checkpoint, exit cleanly. A second one aborts."""
 
+    received = False  # for main(): a signal also ends a sweep
+
     def __init__(self):
         self.requested = False
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -228,7 +233,7 @@ class StopOnSignal:
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested = StopOnSignal.received = True
         print("\nstopping after this iteration (again to abort)...", file=sys.stderr, flush=True)
 
 

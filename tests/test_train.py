@@ -97,23 +97,28 @@ def test_inverted_pendulum_learns_within_150k_steps(tmp_path):
     assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     import signal
     import time
 
+    # In a sweep the signal ends the whole sweep: the second job (seed=2) never starts.
+    where = ["-m", "seed=1,2", f"hydra.sweep.dir={tmp_path}"] if sweep else [f"hydra.run.dir={tmp_path}"]
     process = subprocess.Popen(
-        [sys.executable, "train.py", "env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64",
+        [sys.executable, "train.py", *where, "env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64",
          "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=10000000", "device=cpu",
-         "log_every_s=0.01", "checkpoint.every=0", f"hydra.run.dir={tmp_path}"],
+         "log_every_s=0.01", "checkpoint.every=0"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until training is under way
         line = process.stdout.readline()
-        if line.startswith("[") and " step " in line:
+        if (line.startswith("[") and " step " in line) or not line:
             break
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     assert "stopped by signal" in out
-    checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    run_dirs = [p.parent for p in tmp_path.rglob("checkpoints")]
+    assert len(run_dirs) == 1
+    checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
