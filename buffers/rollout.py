@@ -16,7 +16,11 @@ from kernels import compute_gae
 
 @dataclass
 class Minibatch:
-    """Flattened samples, `mb_` in CleanRL's naming; every tensor has the same first dimension."""
+    """Flattened samples, `mb_` in CleanRL's naming; every tensor has the same first dimension.
+
+    `weights` is 1 for valid samples and 0 for the dummy steps of autoreset: losses and statistics
+    are weighted means, so dummies count for nothing while every minibatch keeps a fixed shape (no
+    host sync to count valid samples; friendly to torch.compile and CUDA graphs)."""
 
     observations: torch.Tensor
     actions: torch.Tensor
@@ -24,6 +28,7 @@ class Minibatch:
     values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    weights: torch.Tensor
 
 
 class RolloutBuffer:
@@ -65,23 +70,26 @@ class RolloutBuffer:
         self, num_minibatches: int, generator: torch.Generator, normalize_advantages: bool = True,
         epochs: int = 1,
     ) -> Iterator[Minibatch]:
-        """`epochs` passes of shuffled minibatches over the valid samples of the flattened buffer.
+        """`epochs` passes of shuffled, equal-sized minibatches over the flattened buffer (`b_` -> `mb_`).
 
-        The valid samples are gathered once (`b_` -> `mb_`); advantages are normalised over them
-        only. Each pass draws a new permutation from `generator` (on the buffer's device), so a
-        seeded run shuffles the same way every time. Counting the valid samples syncs once.
+        Dummy steps ride along with weight 0 (see `Minibatch`); advantages are normalised with the
+        mean and std of the valid samples only. Each pass draws a new permutation from `generator`
+        (on the buffer's device), so a seeded run shuffles the same way every time.
         """
-        indices = self.valid.reshape(-1).nonzero().squeeze(1)  # [num_valid]
-        b_advantages = self.advantages.reshape(-1)[indices]
-        if normalize_advantages and indices.numel() > 1:
-            b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
-        b_observations = self.observations.reshape(-1, self.observations.shape[-1])[indices]
-        b_actions = self.actions.reshape(-1, self.actions.shape[-1])[indices]
-        b_log_probs = self.log_probs.reshape(-1)[indices]
-        b_values = self.values.reshape(-1)[indices]
-        b_returns = self.returns.reshape(-1)[indices]
+        b_weights = self.valid.reshape(-1).float()
+        b_advantages = self.advantages.reshape(-1)
+        if normalize_advantages:
+            count = b_weights.sum().clamp(min=2)
+            mean = (b_advantages * b_weights).sum() / count
+            std = (((b_advantages - mean) * b_weights).square().sum() / (count - 1)).sqrt()
+            b_advantages = (b_advantages - mean) / (std + 1e-8) * b_weights
+        b_observations = self.observations.reshape(-1, self.observations.shape[-1])
+        b_actions = self.actions.reshape(-1, self.actions.shape[-1])
+        b_log_probs = self.log_probs.reshape(-1)
+        b_values = self.values.reshape(-1)
+        b_returns = self.returns.reshape(-1)
         for _ in range(epochs):
-            order = torch.randperm(indices.numel(), generator=generator, device=generator.device).to(self.device)
-            for mb in torch.tensor_split(order, num_minibatches):  # sizes differ by at most one
+            order = torch.randperm(b_weights.numel(), generator=generator, device=generator.device).to(self.device)
+            for mb in order.view(num_minibatches, -1):  # the batch divides evenly (checked by the config)
                 yield Minibatch(b_observations[mb], b_actions[mb], b_log_probs[mb], b_values[mb],
-                                b_advantages[mb], b_returns[mb])
+                                b_advantages[mb], b_returns[mb], b_weights[mb])

@@ -16,22 +16,28 @@ STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "
 def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """`(loss, stats)`; `stats` is a `[len(STAT_NAMES)]` tensor of detached diagnostics."""
     _, new_log_prob, entropy, new_value = agent.get_action_and_value(mb.observations, mb.actions)
-    log_ratio = new_log_prob - mb.log_probs
+    total_weight = mb.weights.sum().clamp(min=1)
+
+    def mean(x: torch.Tensor) -> torch.Tensor:  # over valid samples: dummies have weight 0
+        return (x * mb.weights).sum() / total_weight
+
+    # A dummy step's ratio is masked before use: its stale log-prob must not make inf * 0 = NaN.
+    log_ratio = torch.where(mb.weights > 0, new_log_prob - mb.log_probs, 0.0)
     ratio = log_ratio.exp()
     advantages = mb.advantages
-    policy_loss = torch.max(-advantages * ratio,
-                            -advantages * ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)).mean()
+    policy_loss = mean(torch.max(-advantages * ratio,
+                                 -advantages * ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)))
     if settings.clip_vloss:
         clipped_value = mb.values + (new_value - mb.values).clamp(-settings.clip_coef, settings.clip_coef)
-        value_loss = 0.5 * torch.max((new_value - mb.returns).square(), (clipped_value - mb.returns).square()).mean()
+        value_loss = 0.5 * mean(torch.max((new_value - mb.returns).square(), (clipped_value - mb.returns).square()))
     else:
-        value_loss = 0.5 * (new_value - mb.returns).square().mean()
-    entropy_mean = entropy.mean()
+        value_loss = 0.5 * mean((new_value - mb.returns).square())
+    entropy_mean = mean(entropy)
     loss = policy_loss - settings.ent_coef * entropy_mean + settings.vf_coef * value_loss
     with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
-        old_approx_kl = (-log_ratio).mean()
-        clipfrac = ((ratio - 1).abs() > settings.clip_coef).float().mean()
+        approx_kl = mean((ratio - 1) - log_ratio)  # the low-variance k3 estimator
+        old_approx_kl = mean(-log_ratio)
+        clipfrac = mean(((ratio - 1).abs() > settings.clip_coef).float())
         stats = torch.stack([policy_loss, value_loss, entropy_mean, approx_kl, clipfrac, old_approx_kl]).detach()
     return loss, stats
 

@@ -84,15 +84,18 @@ def test_advantages_and_returns_match_hand_computation():
     torch.testing.assert_close(buffer.returns[:, 0], torch.tensor(advantages) + torch.tensor(values))
 
 
-def test_dummy_steps_never_reach_the_minibatches():
+def test_dummy_steps_carry_zero_weight_in_the_minibatches():
     buffer = collect_toy(8)
     buffer.compute_advantages(GAMMA, LAM)
     generator = torch.Generator().manual_seed(0)
-    batches = list(buffer.minibatches(3, generator, normalize_advantages=False))
+    batches = list(buffer.minibatches(4, generator, normalize_advantages=False))
+    assert [mb.observations.shape[0] for mb in batches] == [4, 4, 4, 4]  # fixed shapes
     seen = torch.cat([mb.observations[:, 0] for mb in batches])
-    assert seen.numel() == 2 * sum(VALID)  # every valid sample once, no dummy
-    valid_obs = [o for o, v in zip(OBSERVATIONS, VALID, strict=True) if v] * 2
-    assert sorted(seen.tolist()) == sorted(float(o) for o in valid_obs)
+    weights = torch.cat([mb.weights for mb in batches])
+    assert sorted(seen.tolist()) == sorted(float(o) for o in OBSERVATIONS * 2)  # every sample once
+    weighted = [(o, w) for o, w in zip(seen.tolist(), weights.tolist(), strict=True)]
+    assert sum(w for _, w in weighted) == 2 * sum(VALID)
+    assert all(w == 0.0 for o, w in weighted if o == 3.0)  # obs 3 only ever appears at a dummy step
 
 
 def test_advantage_normalisation_uses_valid_samples_only():
@@ -100,8 +103,11 @@ def test_advantage_normalisation_uses_valid_samples_only():
     buffer.compute_advantages(GAMMA, LAM)
     buffer.advantages[~buffer.valid] = 1e6  # a dummy step's advantage must not shift the statistics
     generator = torch.Generator().manual_seed(0)
-    advantages = torch.cat([mb.advantages for mb in buffer.minibatches(1, generator)])
-    assert abs(advantages.mean().item()) < 1e-5 and abs(advantages.std().item() - 1) < 1e-4
+    batches = list(buffer.minibatches(1, generator))
+    advantages, weights = batches[0].advantages, batches[0].weights
+    valid = advantages[weights > 0]
+    assert abs(valid.mean().item()) < 1e-5 and abs(valid.std().item() - 1) < 1e-4
+    assert (advantages[weights == 0] == 0).all()
 
 
 def test_episodes_continue_across_windows():
