@@ -40,6 +40,7 @@ class PPOSettings:
     normalize_rewards: bool = True
     observation_clip: float = 10.0
     reward_clip: float = 10.0
+    compile: bool = False  # torch.compile the loss (and its backward); costs a compile at start
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,19 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
     return loss, stats
 
 
+_compiled_loss = None
+
+
+def _loss_function(settings: PPOSettings):
+    """`ppo_loss`, or its torch.compile'd twin (built once per process; shapes are fixed)."""
+    global _compiled_loss
+    if not settings.compile:
+        return ppo_loss
+    if _compiled_loss is None:
+        _compiled_loss = torch.compile(ppo_loss, dynamic=False)
+    return _compiled_loss
+
+
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBuffer, settings: PPOSettings,
                generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
@@ -49,8 +62,9 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
+    loss_function = _loss_function(settings)
     for index, mb in enumerate(minibatches):
-        loss, stats = ppo_loss(agent, mb, settings)
+        loss, stats = loss_function(agent, mb, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)

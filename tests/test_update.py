@@ -40,3 +40,17 @@ def test_dummy_samples_do_not_change_the_loss_or_its_gradient():
     torch.testing.assert_close(stats_a, stats_b)
     for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_compiled_loss_matches_eager():
+    from ppo import update
+
+    torch.manual_seed(0)
+    agent = Agent(5, 2)
+    mb = random_minibatch(8, seed=3)
+    mb.weights[5:] = 0
+    eager_loss, eager_stats = ppo_loss(agent, mb, PPOSettings())
+    settings = PPOSettings(compile=True)
+    compiled_loss, compiled_stats = update._loss_function(settings)(agent, mb, settings)
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled_stats, eager_stats, rtol=1e-5, atol=1e-6)
