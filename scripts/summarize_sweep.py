@@ -1,0 +1,73 @@
+"""One table and one plot for a multirun dir: every run's overrides, final return, SPS, wall-clock.
+
+    python scripts/summarize_sweep.py multirun/2026-11-29_10-00-00
+
+Final return: the average over (about) the last 100 training episodes, as train.py returns it.
+Writes sweep_summary.csv and sweep_summary.png into the multirun dir and prints the table, best
+first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from summarize_results import find_runs  # noqa: E402
+
+COLUMNS = ["run", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
+
+
+def overrides_of(run_dir: Path) -> str:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return ""
+    items = [line.removeprefix("- ").strip() for line in path.read_text().splitlines() if line.startswith("- ")]
+    return " ".join(item for item in items if not item.startswith("hydra."))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_dir", type=Path)
+    args = parser.parse_args()
+    runs = find_runs([args.sweep_dir])
+    if not runs:
+        sys.exit(f"no runs under {args.sweep_dir}")
+    rows = sorted(({"run": r.path.name, "overrides": overrides_of(r.path), "final_return": round(r.score, 2),
+                    "steps": r.final_step, "sps": round(r.final_step / max(r.wall_clock_s, 1e-9)),
+                    "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
+                  key=lambda row: -row["final_return"] if row["final_return"] == row["final_return"] else 0)
+    with (args.sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(runs, args.sweep_dir / "sweep_summary.png")
+    width = max(len(row["run"]) for row in rows)
+    print(f"{'run':{width}}  {'final return':>12}  {'SPS':>7}  {'wall s':>7}  overrides")
+    for row in rows:
+        print(f"{row['run']:{width}}  {row['final_return']:12.2f}  {row['sps']:7,}  {row['wall_clock_s']:7.1f}  "
+              f"{row['overrides']}")
+
+
+def plot(runs, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run in runs:
+        ax.plot(run.steps, run.returns, label=run.path.name)
+    ax.set(xlabel="environment steps", ylabel="episodic return", title=path.parent.name)
+    if len(runs) <= 12:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
