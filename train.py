@@ -3,6 +3,7 @@
     python train.py                                   # Ant-v4, the defaults in configs/
     python train.py env=Hopper-v4 seed=2 device=cuda
     python train.py -m env=Ant-v4,Hopper-v4 seed=1,2,3  # a sweep: one run dir per job
+    torchrun --nproc_per_node=2 train.py env=Ant-v4      # data parallel: 2 workers, gradients averaged
 
 Each run writes its resolved config (.hydra/), TensorBoard events and checkpoints into its run dir.
 The story of a run: settings -> environments, agent, buffer -> (collect, advantages, update, log,
@@ -29,6 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from buffers import RolloutBuffer
+from ppo import distributed
 from ppo.agent import Agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
@@ -76,16 +78,22 @@ def resolve_device(name: str) -> torch.device:
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     ppo = settings.ppo
+    workers = distributed.start(device)  # under torchrun: this worker's rank; else one worker
+    if device.type == "cuda" and workers.world_size > 1:
+        device = torch.device("cuda", workers.local_rank)
+        torch.cuda.set_device(device)
+    run_dir = distributed.broadcast_object(run_dir)  # rank 0's run dir holds the logs and checkpoints
     # One intra-op thread by default: these MLPs are too small to gain from more, and idle OpenMP
     # workers spin on the cores the simulator's threads need (measured: env time 265 -> 179 ms per
     # iteration on 2 cores, docs/benchmarks.md).
     torch.set_num_threads(settings.torch_threads or 1)
-    seed_everything(settings.seed)
+    seed_everything(settings.seed)  # the same initial weights on every worker
     checkpoint = load_checkpoint(resolve_checkpoint(settings.resume), device) if settings.resume else None
     iteration = checkpoint["iteration"] if checkpoint else 0
     global_step = checkpoint["global_step"] if checkpoint else 0
 
-    envs = make_envs(settings.env, device, settings.seed + iteration)
+    env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
+    envs = make_envs(settings.env, device, env_seed)
     agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5, fused=True)  # one kernel
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
@@ -93,20 +101,26 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     generator = torch.Generator(device).manual_seed(settings.seed)
     if checkpoint:
         restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generator)
+    distributed.broadcast_parameters(agent)
+    if workers.world_size > 1:  # each worker samples actions and shuffles minibatches its own way
+        torch.manual_seed(env_seed)
+        generator.manual_seed(env_seed)
     buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
-    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, settings.seed + iteration)
-    logger = RunLogger(run_dir, settings.total_timesteps, global_step, settings.log_every_s)
+    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed)
+    logger = RunLogger(run_dir, settings.total_timesteps, global_step, settings.log_every_s, enabled=workers.is_main)
     stop = StopOnSignal()
+    steps_per_iteration = settings.batch_size * workers.world_size
 
     def state() -> dict:
         return snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator)
 
-    write_run_info(run_dir, settings, device)
-    print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs) on {device} for "
-          f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
+    if workers.is_main:
+        write_run_info(run_dir, settings, device, workers.world_size)
+        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs x {workers.world_size} "
+              f"workers) on {device} for {settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
-        while global_step < settings.total_timesteps and not stop.requested:
+        while global_step < settings.total_timesteps and not stop.agreed(device):
             iteration += 1
             learning_rate = ppo.learning_rate * (1 - global_step / settings.total_timesteps if ppo.anneal_lr else 1)
             for group in optimizer.param_groups:
@@ -115,7 +129,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             iteration_start = time.perf_counter()
 
             collector.collect(buffer)
-            global_step += settings.batch_size
+            global_step += steps_per_iteration
 
             start = time.perf_counter()
             buffer.compute_advantages(ppo.gamma, ppo.gae_lambda)
@@ -125,10 +139,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             stats = ppo_update(agent, optimizer, buffer, ppo, generator)
             update_s = synchronized_seconds(start, device)
 
-            # One read of device scalars per iteration.
-            episodes, return_sum, length_sum = collector.episodes.pop().tolist()
+            # One read of device scalars per iteration: episodes summed, losses averaged over workers.
+            episodes, return_sum, length_sum = distributed.all_reduce_sum(collector.episodes.pop()).tolist()
             names = list(stats)
-            values = dict(zip(names, torch.stack([stats[n].float().to(device) for n in names]).tolist(), strict=True))
+            stacked = distributed.mean_over_workers(torch.stack([stats[n].float().to(device) for n in names]))
+            values = dict(zip(names, stacked.tolist(), strict=True))
             if not all(math.isfinite(values[n]) for n in ("policy_loss", "value_loss", "approx_kl")):
                 raise NonFiniteLossError(
                     f"non-finite loss at iteration {iteration} (step {global_step:,}): policy {values['policy_loss']}, "
@@ -148,25 +163,28 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                 "time/gae": gae_s, "time/update": update_s, "time/iteration": time.perf_counter() - iteration_start,
             })
             logger.progress(global_step, mean_return)
-            if settings.checkpoint.every and iteration % settings.checkpoint.every == 0:
+            if settings.checkpoint.every and iteration % settings.checkpoint.every == 0 and workers.is_main:
                 save_checkpoint(run_dir, state())
-        path = save_checkpoint(run_dir, state())
-        logger.progress(global_step, None, final=True)
-        if stop.requested:
-            print(f"stopped by signal at step {global_step:,}; checkpoint {path} (resume={run_dir})", flush=True)
+        if workers.is_main:
+            path = save_checkpoint(run_dir, state())
+            logger.progress(global_step, None, final=True)
+            if stop.requested:
+                print(f"stopped by signal at step {global_step:,}; checkpoint {path} (resume={run_dir})", flush=True)
     finally:
         envs.close()
         logger.close()
+    distributed.stop()
     return mean_of_last_episodes(recent)
 
 
-def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device) -> None:
+def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, workers: int = 1) -> None:
     """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/)."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     cpu = cpu_name()
-    info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu,
+    hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
+    info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
-            "hardware": f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"}
+            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})"}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run_info.json").write_text(json.dumps(info, indent=1))
 
@@ -229,6 +247,13 @@ class StopOnSignal:
         self.requested = False
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any worker was asked to stop (all workers then stop at the same iteration)."""
+        if not distributed.active():
+            return self.requested
+        flag = torch.tensor([float(self.requested)], device=device)
+        return distributed.all_reduce_sum(flag).item() > 0
 
     def _handle(self, signum, frame):
         if self.requested:

@@ -10,14 +10,20 @@ from torch.utils.tensorboard import SummaryWriter
 
 
 class RunLogger:
-    def __init__(self, run_dir: str, total_timesteps: int, start_step: int, every_s: float = 2.0):
-        self.writer = SummaryWriter(run_dir)
+    """With `enabled=False` (data-parallel workers other than rank 0) it writes and prints nothing."""
+
+    def __init__(self, run_dir: str, total_timesteps: int, start_step: int, every_s: float = 2.0,
+                 enabled: bool = True):
+        self.enabled = enabled
+        self.writer = SummaryWriter(run_dir) if enabled else None
         self.total, self.every_s = total_timesteps, every_s
         self.start_time, self.start_step = time.time(), start_step
         self.last_print = 0.0
         self.recent_return = math.nan
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
@@ -28,7 +34,7 @@ class RunLogger:
         if episodic_return is not None:
             self.recent_return = episodic_return
         now = time.time()
-        if not final and now - self.last_print < self.every_s:
+        if not self.enabled or (not final and now - self.last_print < self.every_s):
             return
         self.last_print = now
         sps = self.sps(step)
@@ -40,7 +46,8 @@ class RunLogger:
         print(line, file=sys.stdout, flush=True)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _duration(seconds: float) -> str:

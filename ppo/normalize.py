@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ppo import distributed
+
 
 class RunningMeanStd:
     """Mean and variance of a stream of `[B, *shape]` batches (parallel algorithm), in float64."""
@@ -19,10 +21,18 @@ class RunningMeanStd:
         self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
 
     def update(self, batch: torch.Tensor) -> None:
+        """Fold in a batch; under torchrun, every worker's batch (so all workers stay identical)."""
         batch = batch.to(torch.float64)
-        batch_mean = batch.mean(0)
-        batch_var = batch.var(0, unbiased=False)
-        batch_count = batch.shape[0]
+        if distributed.active():
+            sums = torch.stack([torch.full_like(batch[0], batch.shape[0]), batch.sum(0), batch.square().sum(0)])
+            count, total, squares = distributed.all_reduce_sum(sums)
+            batch_count = count.flatten()[0]
+            batch_mean = total / batch_count
+            batch_var = (squares / batch_count - batch_mean.square()).clamp(min=0)
+        else:
+            batch_mean = batch.mean(0)
+            batch_var = batch.var(0, unbiased=False)
+            batch_count = batch.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from buffers import Minibatch, RolloutBuffer
+from ppo import distributed
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 
@@ -63,18 +64,20 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     count = epochs = 0
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
     loss_function = _loss_function(settings)
+    parameters = list(agent.parameters())
     for index, mb in enumerate(minibatches):
         loss, stats = loss_function(agent, mb, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
+        distributed.average_gradients(parameters)  # data parallel: every worker takes the same step
+        nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
         optimizer.step()
         total += stats
         count += 1
         if (index + 1) % settings.num_minibatches == 0:  # an epoch ends
             epochs += 1
-            # target-KL: one host sync per epoch, only when asked for
-            if settings.target_kl is not None and stats[3].item() > settings.target_kl:
+            # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
+            if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
                 break
     result = dict(zip(STAT_NAMES, total / max(count, 1), strict=True))
     result["explained_variance"] = explained_variance(buffer)

@@ -1,0 +1,94 @@
+"""Data parallel on CPU with two gloo workers: after an update both ranks hold the same parameters,
+equal to one worker's update on the combined batch; normaliser statistics merge; torchrun runs."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from buffers import RolloutBuffer
+from ppo.agent import Agent
+from ppo.config import PPOSettings
+from ppo.normalize import RunningMeanStd
+from ppo.update import ppo_update
+
+ROOT = Path(__file__).resolve().parents[1]
+NUM_STEPS, NUM_ENVS, OBS, ACT = 8, 3, 4, 2
+# One full-batch minibatch and no advantage normalisation: the mean loss over the combined batch is
+# then exactly the mean of the two workers' losses, so their averaged gradient is its gradient.
+SETTINGS = PPOSettings(num_minibatches=1, update_epochs=2, norm_adv=False)
+
+
+def filled_buffer(seed: int, num_envs: int = NUM_ENVS) -> RolloutBuffer:
+    g = torch.Generator().manual_seed(seed)
+    buffer = RolloutBuffer(NUM_STEPS, num_envs, OBS, ACT, torch.device("cpu"))
+    for name in ("observations", "actions", "log_probs", "values", "advantages", "returns"):
+        tensor = getattr(buffer, name)
+        tensor.copy_(torch.randn(tensor.shape, generator=g))
+    buffer.log_probs -= 3
+    return buffer
+
+
+def combined_buffer() -> RolloutBuffer:
+    parts = [filled_buffer(seed) for seed in (10, 11)]
+    buffer = RolloutBuffer(NUM_STEPS, 2 * NUM_ENVS, OBS, ACT, torch.device("cpu"))
+    for name in ("observations", "actions", "log_probs", "values", "advantages", "returns"):
+        getattr(buffer, name).copy_(torch.cat([getattr(p, name) for p in parts], dim=1))
+    return buffer
+
+
+def worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    agent = Agent(OBS, ACT)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    ppo_update(agent, optimizer, filled_buffer(10 + rank), SETTINGS, torch.Generator().manual_seed(rank))
+    rms = RunningMeanStd((OBS,), torch.device("cpu"))
+    rms.update(filled_buffer(20 + rank).observations.reshape(-1, OBS))
+    torch.save({"agent": agent.state_dict(), "rms": rms.state_dict()}, f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_workers_match_each_other_and_one_worker_with_the_combined_batch(tmp_path):
+    mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for key, value in ranks[0]["agent"].items():
+        torch.testing.assert_close(ranks[1]["agent"][key], value, rtol=0, atol=0)
+
+    torch.manual_seed(0)
+    agent = Agent(OBS, ACT)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
+    ppo_update(agent, optimizer, combined_buffer(), SETTINGS, torch.Generator().manual_seed(0))
+    for key, value in agent.state_dict().items():
+        torch.testing.assert_close(ranks[0]["agent"][key], value, rtol=1e-5, atol=1e-6)
+
+    rms = RunningMeanStd((OBS,), torch.device("cpu"))
+    rms.update(torch.cat([filled_buffer(20 + r).observations.reshape(-1, OBS) for r in (0, 1)]))
+    for r in (0, 1):
+        torch.testing.assert_close(ranks[r]["rms"]["mean"], rms.mean)
+        torch.testing.assert_close(ranks[r]["rms"]["var"], rms.var)
+
+
+def torchrun(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "env=InvertedPendulum-v4",
+         "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64", "ppo.num_minibatches=4", "ppo.update_epochs=1",
+         "device=cpu", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
+    first = torchrun("total_timesteps=1024", f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "x 2 workers" in first.stdout
+    checkpoint = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)
+    assert checkpoint["global_step"] == 1024 and checkpoint["iteration"] == 2  # 2 workers x 256 steps x 2
+    assert len(list((tmp_path / "a").glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
+
+    second = torchrun("total_timesteps=2048", f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
+    assert (resumed["global_step"], resumed["iteration"]) == (2048, 4)
