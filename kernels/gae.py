@@ -106,7 +106,7 @@ def check_flags_and_bootstrap(
 
 
 def _looks_valid(inputs: tuple, gamma: object, lam: object, advantages: object, returns: object) -> bool:
-    """The fast check, a few plain comparisons per tensor: every call pays for it (about 1 us)."""
+    """The fast check, a few plain comparisons per tensor: every call pays for it (1.4-2.8 us here)."""
     rewards, values, terminateds, truncateds, bootstrap_values, last_value = inputs
     if not (isinstance(values, torch.Tensor) and values.dim() == 2):
         return False
