@@ -84,5 +84,7 @@ def broadcast_object(obj):
 
 
 def stop() -> None:
+    """Leave the group together: no worker tears down while another still works (rank 0 saving)."""
     if active():
+        dist.barrier()
         dist.destroy_process_group()
