@@ -1,0 +1,73 @@
+"""Evaluate a checkpoint: deterministic actions (the policy mean), frozen normalisers, N episodes.
+
+    python scripts/evaluate.py runs/Ant-v4/seed1_2026-11-29_10-00-00 --episodes 10
+    python scripts/evaluate.py path/to/last.pt --episodes 5 --device cpu
+
+Prints the mean and std of the episodic returns (raw environment rewards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ppo.agent import Agent  # noqa: E402
+from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
+from ppo.config import settings_from_dict  # noqa: E402
+from ppo.envs import make_envs  # noqa: E402
+from ppo.normalize import ObservationNormalizer  # noqa: E402
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: int = 12345,
+             num_envs: int | None = None) -> list[float]:
+    checkpoint = load_checkpoint(resolve_checkpoint(checkpoint_path), device)
+    saved = checkpoint["settings"]
+    saved["resume"] = None
+    settings = settings_from_dict(saved)
+    env_settings = settings.env if num_envs is None else type(settings.env)(**{**vars(settings.env),
+                                                                               "num_envs": num_envs})
+    envs = make_envs(env_settings, device, seed)
+    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
+    agent.load_state_dict(checkpoint["agent"])
+    normalizer = ObservationNormalizer(envs.obs_dim, device, settings.ppo.observation_clip,
+                                       settings.ppo.normalize_observations)
+    normalizer.load_state_dict(checkpoint["obs_normalizer"])
+    normalizer.frozen = True  # evaluation must not move the statistics the policy was trained with
+    returns: list[float] = []
+    running = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
+    dummy = torch.zeros(envs.num_envs, dtype=torch.bool, device=device)
+    obs = normalizer(envs.reset(seed))
+    while len(returns) < episodes:
+        action = agent.act_deterministic(obs).clamp(envs.action_low, envs.action_high)
+        raw_obs, reward, terminated, truncated = envs.step(action)
+        done = (terminated | truncated) & ~dummy  # the step after an episode is autoreset's dummy
+        running += torch.where(dummy, 0.0, reward.double())
+        returns += running[done].tolist()
+        running[done] = 0.0
+        dummy = done
+        obs = normalizer(raw_obs)
+    envs.close()
+    return returns[:episodes]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a run dir or a checkpoint file")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--num-envs", type=int, default=None, help="default: the run's env.num_envs")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=12345)
+    args = parser.parse_args()
+    returns = torch.tensor(evaluate(args.checkpoint, args.episodes, torch.device(args.device), args.seed,
+                                    args.num_envs), dtype=torch.float64)
+    print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
+          f"(min {returns.min():.2f}, max {returns.max():.2f})")
+
+
+if __name__ == "__main__":
+    main()
