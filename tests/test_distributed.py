@@ -75,8 +75,8 @@ def test_two_workers_match_each_other_and_one_worker_with_the_combined_batch(tmp
 def torchrun(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "env=InvertedPendulum-v4", "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64", "ppo.num_minibatches=4", "ppo.update_epochs=1",
-         "device=cpu", *overrides],
+         "env=InvertedPendulum-v4", "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64",
+         "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
