@@ -84,13 +84,19 @@ def _budget(path: Path) -> int | None:
     return None
 
 
-def find_runs(roots: list[Path]) -> list[Run]:
+def find_runs(roots: list[Path], complete_only: bool = True) -> list[Run]:
+    """Runs under `roots`; with `complete_only`, those that reached their step budget (others are
+    named on stderr: a run still going, or one that died, must not count as a seed)."""
     runs = []
     for root in roots:
         for info in sorted(root.rglob("run_info.json")):
             run = load_run(info.parent)
-            if run is not None:
-                runs.append(run)
+            if run is None:
+                continue
+            if complete_only and run.final_step < run.budget:
+                print(f"skipping {run.path}: {run.final_step:,} of {run.budget:,} steps", file=sys.stderr)
+                continue
+            runs.append(run)
     return runs
 
 
@@ -126,13 +132,12 @@ def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grid = np.linspace(0, budget, 200)
-    curves = np.stack([np.interp(grid, r.steps, r.returns, left=np.nan) for r in group])
+    start = max(r.steps[0] for r in group)  # where every seed has logged an episode
+    grid = np.linspace(start, budget, 200)
+    curves = np.stack([np.interp(grid, r.steps, r.returns) for r in group])
     fig, ax = plt.subplots(figsize=(6, 4))
-    mean = np.nanmean(curves, axis=0)
-    ax.plot(grid, mean, label=f"ppo-triton, mean of {len(group)} seeds")
-    ax.fill_between(grid, np.nanmin(curves, axis=0), np.nanmax(curves, axis=0), alpha=0.25,
-                    label="min-max over seeds")
+    ax.plot(grid, curves.mean(axis=0), label=f"ppo-triton, mean of {len(group)} seeds")
+    ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), alpha=0.25, label="min-max over seeds")
     if (task, budget) in REFERENCES:
         value, source = REFERENCES[(task, budget)]
         ax.axhline(value, color="black", linestyle="--", label=f"{source}: {value}")

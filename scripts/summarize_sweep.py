@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path)
     args = parser.parse_args()
-    runs = find_runs([args.sweep_dir])
+    runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
     rows = sorted(({"run": r.path.name, "overrides": overrides_of(r.path), "final_return": round(r.score, 2),

@@ -33,9 +33,11 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     for seed, final in ((1, 100.0), (2, 200.0)):
         fake_run(tmp_path / "runs" / f"hopper{seed}", "Hopper-v4", seed, final)
     fake_run(tmp_path / "runs" / "pendulum", "InvertedPendulum-v4", 1, 50.0)
+    fake_run(tmp_path / "runs" / "unfinished", "Hopper-v4", 3, 1e6, budget=20_000)  # stopped at 10k of 20k
     out = tmp_path / "docs"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(tmp_path / "runs"),
-                    "--out", str(out)], check=True, capture_output=True)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(tmp_path / "runs"),
+                             "--out", str(out)], check=True, capture_output=True, text=True)
+    assert "skipping" in result.stderr and "unfinished: 10,000 of 20,000 steps" in result.stderr
     rows = {r["task"]: r for r in csv.DictReader((out / "results" / "baselines.csv").open())}
     assert list(rows["Hopper-v4"]) == summarize_results.CSV_COLUMNS
     # last 100 episodes = the last 5 iterations of 20: mean of 0.6..1.0 x final = 0.8 x final
