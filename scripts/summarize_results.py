@@ -149,10 +149,11 @@ def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
-def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path) -> None:
+def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, note: str = "") -> None:
     lines = ["# Results", "",
              "Written by `scripts/summarize_results.py`. Score: the average return of each run's last 100",
              "training episodes (CleanRL's metric); mean and std (ddof=0) over seeds.", "",
+             *([note, ""] if note else []),
              "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
              "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in rows:
@@ -171,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", nargs="+", type=Path, help="run dirs, or folders holding them")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="writes results.md and results/ here")
+    parser.add_argument("--note", default="", help="a paragraph for results.md (how and where the runs ran)")
     args = parser.parse_args()
     runs = find_runs(args.roots)
     if not runs:
@@ -180,7 +182,7 @@ def main() -> None:
     for row in rows:
         group = [r for r in runs if (r.task, r.budget) == (row["task"], row["steps"])]
         plot(row["task"], row["steps"], group, args.out / "results" / f"{row['task']}_{row['steps']}.png")
-    write_markdown(rows, runs, args.out / "results.md", args.out / "results")
+    write_markdown(rows, runs, args.out / "results.md", args.out / "results", args.note)
     for row in rows:
         print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))
 
