@@ -6,7 +6,7 @@ A run is a folder with `run_info.json` (written by train.py) and TensorBoard eve
 score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
 from the end, from `charts/episodic_return` weighted by `charts/episodes`). Rows group runs by task
 and step budget: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock
-and SPS averaged over seeds, and where they ran.
+and SPS averaged over seeds (wall-clock: from the first to the last logged iteration), and where they ran.
 """
 
 from __future__ import annotations
