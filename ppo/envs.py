@@ -76,7 +76,6 @@ class _TensorEnvs:
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
         self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
-        self._pin = device.type == "cuda"
 
     def reset(self, seed: int) -> torch.Tensor:
         obs, _ = self.env.reset(**self._reset_kwargs(seed))
@@ -94,10 +93,9 @@ class _TensorEnvs:
         return {"seed": seed}
 
     def _move(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
-        if self._pin:
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
+        # No pinned staging copy: the policy consumes these on the next op of the same stream, and
+        # the action hand-off already syncs every step, so an async copy would overlap nothing.
+        return torch.from_numpy(np.ascontiguousarray(x)).to(self.device, dtype)
 
 
 class EnvpoolEnvs(_TensorEnvs):
