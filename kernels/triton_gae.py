@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
 
 import torch
 import triton
 import triton.language as tl
 
-# Bootstrap modes (the `BOOTSTRAP` constexpr).
+# Bootstrap modes (the `BOOTSTRAP` constexpr) and how chunks of a row are joined (`JOIN`).
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
+JOIN_NONE, JOIN_LOOK_BACK, JOIN_LOOP = 0, 1, 2
 
 MAX_BLOCK_T = 1 << 16
-# Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements for env-major rows;
-# time-major tiles keep 32 envs side by side (full 128-byte lines) and, with fewer envs, grow
-# along time instead.
+# Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
+# tiles take whole rows up to 1024 steps; time-major tiles put 128 envs side by side (one warp,
+# 4 floats per thread: every load is a full line) and each thread scans its envs' steps alone.
 TILE_ELEMENTS = 1024
-TIME_MAJOR_BLOCK_N = 32
-TIME_MAJOR_FEW_ENVS_TILE = 4096
+TIME_MAJOR_BLOCK_N = 128
+# Time-major rows of several chunks are walked by one program per block of envs (no look-back)
+# when there are at least this many blocks of envs to spread over the GPU.
+LOOP_MIN_ROW_BLOCKS = 256
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -48,19 +52,8 @@ def _float_bits(x):
 
 
 @triton.jit
-def _pack(low_float, high_bits):
-    # One int64 word holds a float and its flag, so a reader sees both or neither.
-    return _float_bits(low_float) | (high_bits << 32)
-
-
-@triton.jit
-def _unpack_low(word):
+def _low_float(word):
     return (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _unpack_high(word):
-    return ((word >> 32) & 0x7FFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -70,13 +63,27 @@ def _first_column(x, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
+    # Without a hint, one-byte flags are loaded 16 to a thread along their contiguous axis while
+    # the floats go 4 to a thread; the scan then runs in the flags' layout and every float tensor
+    # is shuffled through shared memory to meet it (time-major: across warps). Capping the flags'
+    # contiguity at 4 puts every tensor in one layout. Only set where the flags' stride along that
+    # axis is 1 and the tile spans at least 4 elements along it (see `plan`).
+    if FLAG_AXIS == 0:
+        offsets = tl.max_contiguous(offsets, [4, 1])
+    elif FLAG_AXIS == 1:
+        offsets = tl.max_contiguous(offsets, [1, 4])
+    return offsets
+
+
+@triton.jit
 def _tile_scan(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
     rows, chunk, N, T,
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """Load one tile and scan it: returns the local (alpha, beta) maps, V(s_t), the mask and steps."""
     steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
@@ -91,14 +98,14 @@ def _tile_scan(
     # values[t+1]: the same cache lines as `value` (but one), so DRAM sees those bytes once.
     next_value = tl.load(values_ptr + n * stride_vn + (t + 1) * stride_vt,
                          mask=mask & ~is_last, other=0.0)
-    terminated = tl.load(terminateds_ptr + n * stride_dn + t * stride_dt,
+    terminated = tl.load(terminateds_ptr + _flag_offsets(n * stride_dn + t * stride_dt, FLAG_AXIS),
                          mask=mask, other=0) != 0
     done = terminated
     if BOOTSTRAP == 2:
         bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
                             mask=mask, other=0.0)
         if HAS_TRUNCATEDS:
-            truncated = tl.load(truncateds_ptr + n * stride_un + t * stride_ut,
+            truncated = tl.load(truncateds_ptr + _flag_offsets(n * stride_un + t * stride_ut, FLAG_AXIS),
                                 mask=mask, other=0) != 0
             done = done | truncated
             next_value = tl.where(truncated | is_last, bootstrap, next_value)
@@ -117,23 +124,28 @@ def _tile_scan(
 
 
 @triton.jit
-def _look_back(state_ptr, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N: tl.constexpr,
+def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N: tl.constexpr,
                BLOCK_T: tl.constexpr):
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
     Publishes this chunk's composed map first and its start advantage last (see kernels/README.md).
-    State words: [ticket, pad, aggregates [N_pad, num_chunks], inclusives [N_pad, num_chunks]].
+    State: [ticket counter, pad, then three arrays of `num_programs * BLOCK_N` words, one word per
+    (padded row, chunk): aggregate alphas, aggregate betas, inclusive values]. Every word is a float
+    in its low half and the call's epoch in its high half: a word is ready when it carries this
+    call's epoch, so the buffer is reused across calls without zeroing.
     """
-    aggregate_ptr = state_ptr + 2
-    inclusive_ptr = aggregate_ptr + tl.num_programs(0) * BLOCK_N
+    words = tl.num_programs(0) * BLOCK_N
+    agg_alpha_ptr = state_ptr + 2
+    agg_beta_ptr = agg_alpha_ptr + words
+    inclusive_ptr = agg_beta_ptr + words
+    tag = epoch.to(tl.int64) << 32
     word = rows * num_chunks  # [BLOCK_N]
     agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
     agg_beta = _first_column(beta, BLOCK_T)
     carry = tl.zeros([BLOCK_N], dtype=tl.float32)  # the last chunk's carry: A_T = 0
     if chunk < num_chunks - 1:
-        # Beta's sign bit doubles as the "ready" flag (beta >= 0 always), so one word says it all.
-        tl.atomic_xchg(aggregate_ptr + word + chunk, _pack(agg_alpha, _float_bits(agg_beta) | 0x80000000),
-                       mask=row_ok, sem="relaxed")
+        tl.atomic_xchg(agg_alpha_ptr + word + chunk, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
+        tl.atomic_xchg(agg_beta_ptr + word + chunk, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
         # Walk later chunks: compose their maps until one knows its start advantage, a done flag
         # cuts the chain (beta == 0), or the row ends.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -142,21 +154,24 @@ def _look_back(state_ptr, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N:
         j = tl.full([BLOCK_N], 0, dtype=tl.int64) + chunk + 1
         while tl.max(pending.to(tl.int32), axis=0) > 0:
             inclusive = tl.load(inclusive_ptr + word + j, mask=pending, other=0, volatile=True)
-            aggregate = tl.load(aggregate_ptr + word + j, mask=pending, other=0, volatile=True)
-            has_inclusive = pending & (inclusive != 0)
-            has_aggregate = pending & ~has_inclusive & (aggregate != 0)
-            carry = tl.where(has_inclusive, acc_alpha + acc_beta * _unpack_low(inclusive), carry)
-            acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _unpack_low(aggregate), acc_alpha)
-            acc_beta = tl.where(has_aggregate, acc_beta * _unpack_high(aggregate), acc_beta)
+            later_alpha = tl.load(agg_alpha_ptr + word + j, mask=pending, other=0, volatile=True)
+            later_beta = tl.load(agg_beta_ptr + word + j, mask=pending, other=0, volatile=True)
+            has_inclusive = pending & ((inclusive >> 32) == epoch)
+            # The two halves of an aggregate are written separately: use it once both are there.
+            has_aggregate = pending & ~has_inclusive & ((later_alpha >> 32) == epoch) & ((later_beta >> 32) == epoch)
+            carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(inclusive), carry)
+            acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(later_alpha), acc_alpha)
+            acc_beta = tl.where(has_aggregate, acc_beta * _low_float(later_beta), acc_beta)
             j = tl.where(has_aggregate, j + 1, j)
             resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
             carry = tl.where(resolved, acc_alpha, carry)
             pending = pending & ~has_inclusive & ~resolved
-    tl.atomic_xchg(inclusive_ptr + word + chunk, _pack(agg_alpha + agg_beta * carry, 1), mask=row_ok, sem="relaxed")
+    tl.atomic_xchg(inclusive_ptr + word + chunk, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
+                   sem="relaxed")
     return carry
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch", "ticket_base"])
 def _gae_kernel(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
     advantages_ptr, returns_ptr, state_ptr,
@@ -164,42 +179,65 @@ def _gae_kernel(
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     stride_an, stride_at, stride_gn, stride_gt,
-    gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr,
+    gamma, gamma_lam, epoch, ticket_base,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, JOIN: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    if CHUNKED:
-        # Tickets hand out chunks from the end of time, so every chunk a program waits for
-        # belongs to a program that started earlier: the look-back cannot deadlock.
-        num_row_blocks = tl.cdiv(N, BLOCK_N)
-        ticket = tl.atomic_add(state_ptr, 1).to(tl.int64)
-        row_block = ticket % num_row_blocks
-        chunk = num_chunks - 1 - ticket // num_row_blocks
+    # JOIN: how the chunks of a row meet. JOIN_NONE: one chunk per row. JOIN_LOOK_BACK: one program
+    # per chunk, carries by a decoupled look-back. JOIN_LOOP: one program per block of rows walks
+    # its chunks from the end of time, the carry in registers (enough rows to fill the GPU).
+    if JOIN == 2:
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+        carry = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i in range(0, num_chunks):
+            chunk = num_chunks - 1 - i
+            alpha, beta, value, mask, t = _tile_scan(
+                rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+                rows, chunk, N, T,
+                stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+                stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
+            alpha = alpha + beta * carry[:, None]
+            n = rows[:, None]
+            tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
+            tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
+            carry = _first_column(alpha, BLOCK_T)
     else:
-        row_block = tl.program_id(0).to(tl.int64)
-        chunk = 0
-    rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
-    alpha, beta, value, mask, t = _tile_scan(
-        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-        rows, chunk, N, T,
-        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, BLOCK_T)
-    if CHUNKED:
-        carry = _look_back(state_ptr, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
-        alpha = alpha + beta * carry[:, None]
-    n = rows[:, None]
-    tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
-    tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
+        if JOIN == 1:
+            # Tickets hand out chunks from the end of time, so every chunk a program waits for
+            # belongs to a program that started earlier: the look-back cannot deadlock. The counter
+            # is never reset: this call's tickets start at `ticket_base`.
+            num_row_blocks = tl.cdiv(N, BLOCK_N)
+            ticket = tl.atomic_add(state_ptr, 1).to(tl.int64) - ticket_base
+            row_block = ticket % num_row_blocks
+            chunk = num_chunks - 1 - ticket // num_row_blocks
+        else:
+            row_block = tl.program_id(0).to(tl.int64)
+            chunk = 0
+        rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
+        alpha, beta, value, mask, t = _tile_scan(
+            rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+            rows, chunk, N, T,
+            stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+            stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
+        if JOIN == 1:
+            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
+            alpha = alpha + beta * carry[:, None]
+        n = rows[:, None]
+        tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
+        tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
 
 
 @functools.lru_cache(maxsize=512)
 def plan(
     num_envs: int, num_steps: int, time_major: bool, max_block_t: int = MAX_BLOCK_T,
-    block: tuple[int, int] | None = None, num_warps: int | None = None,
-) -> tuple[int, int, int, int, int]:
-    """`(BLOCK_N, BLOCK_T, num_chunks, grid, num_warps)` for a problem. More than one chunk means
-    the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
+    block: tuple[int, int] | None = None, num_warps: int | None = None, loop: bool | None = None,
+) -> tuple[int, int, int, int, int, int]:
+    """`(BLOCK_N, BLOCK_T, num_chunks, grid, num_warps, join)` for a problem: the tile, how many
+    chunks a row is cut into, and how they are joined (`JOIN_*`). `block`, `num_warps` and `loop`
+    (True: JOIN_LOOP, False: JOIN_LOOK_BACK, for rows of several chunks) override the choice
+    (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
     if block is not None:
@@ -211,14 +249,23 @@ def plan(
         block_n, block_t = 1, min(steps, TILE_ELEMENTS)
     else:
         block_n = min(envs, TIME_MAJOR_BLOCK_N)
-        block_t = (TILE_ELEMENTS if envs >= TIME_MAJOR_BLOCK_N else TIME_MAJOR_FEW_ENVS_TILE) // block_n
+        block_t = TILE_ELEMENTS // block_n
     block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
-    grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
+    row_blocks = triton.cdiv(max(num_envs, 1), block_n)
+    if loop is None:
+        loop = time_major and row_blocks >= LOOP_MIN_ROW_BLOCKS
+    join = JOIN_NONE if num_chunks == 1 else JOIN_LOOP if loop else JOIN_LOOK_BACK
+    grid = row_blocks * (1 if join == JOIN_LOOP else num_chunks)
     if num_warps is None:
         elements = block_n * block_t
-        num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4
-    return block_n, block_t, num_chunks, grid, num_warps
+        if time_major and block_n > 1:
+            # One warp: with more, Triton lays warps along time and the scan crosses them
+            # through shared memory; with one, the time axis stays inside the warp.
+            num_warps = 1
+        else:
+            num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4
+    return block_n, block_t, num_chunks, grid, num_warps, join
 
 
 def launch_gae(
@@ -235,11 +282,13 @@ def launch_gae(
     max_block_t: int = MAX_BLOCK_T,
     block: tuple[int, int] | None = None,
     num_warps: int | None = None,
+    loop: bool | None = None,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
-    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two) and `num_warps` are tuning knobs.
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps` and `loop` are
+    tuning knobs (see `plan`).
     """
     num_envs, num_steps = values.shape
     truncated = truncateds if truncateds is not None else terminateds
@@ -249,47 +298,101 @@ def launch_gae(
         bootstrap_mode = BOOTSTRAP_NONE if last_value is None else BOOTSTRAP_LAST_VALUE
         bootstrap = values
     stride_vn, stride_vt = values.stride()
-    block_n, block_t, num_chunks, grid, warps = plan(
-        num_envs, num_steps, stride_vn == 1 and stride_vt != 1, max_block_t, block, num_warps)
-    chunked = num_chunks > 1
-    if chunked:
-        # [ticket, pad, aggregate words, inclusive words], one word per (padded row, chunk)
-        state = torch.zeros(2 + 2 * grid * block_n, dtype=torch.int64, device=values.device)
-    else:
-        state = values  # unused
+    time_major = stride_vn == 1 and stride_vt != 1
+    block_n, block_t, num_chunks, grid, warps, join = plan(
+        num_envs, num_steps, time_major, max_block_t, block, num_warps, loop)
+    flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t))
     lv = last_value if last_value is not None else values
-    tensors = (rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, state)
+    tensors = [rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, values]
     ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
             *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
-    constexprs = (truncateds is not None, bootstrap_mode, chunked, block_n, block_t)
-    _launch(grid, warps, tensors, ints, (gamma, gamma * lam), constexprs)
+    constexprs = (truncateds is not None, bootstrap_mode, join, flag_axis, block_n, block_t)
+    floats = (gamma, gamma * lam)
+    if join != JOIN_LOOK_BACK:
+        _launch(grid, warps, tensors, ints, (*floats, 1, 0), constexprs)
+        return
+    # The look-back state is reused from call to call (see `_look_back_state`); the bookkeeping
+    # and the launch stay together so that tickets follow the order of launches on the stream.
+    with _state_lock:
+        tensors[-1], epoch, ticket_base = _look_back_state(values.device, 3 * grid * block_n, grid)
+        _launch(grid, warps, tensors, ints, (*floats, epoch, ticket_base), constexprs)
+
+
+def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
+                   block: tuple[int, int]) -> int:
+    """The axis along which the flag loads may be hinted 4-wide (`_flag_offsets`), or -1: the tile's
+    contiguous axis, where both flag tensors have stride 1 and the tile spans at least 4 elements."""
+    axis = 0 if time_major else 1
+    if block[axis] >= 4 and terminateds.stride(axis) == 1 and truncateds.stride(axis) == 1:
+        return axis
+    return -1
+
+
+class _StateBuffer:
+    """One device buffer for the look-back, and where its epoch and ticket counter stand."""
+
+    def __init__(self, words: int, device: torch.device):
+        self.tensor = torch.zeros(2 + words, dtype=torch.int64, device=device)
+        self.epoch = 0
+        self.tickets = 0
+
+
+# Look-back state by (device, stream). A call's words carry its epoch, so nothing is zeroed
+# between calls, and its tickets continue the counter from where the previous call on the stream
+# left it. Kernels on one stream run in launch order, so a buffer is never used by two at once.
+# Both numbers stay below 2**31 (the kernel's int32 arguments): past that a fresh buffer starts.
+_states: dict[tuple, _StateBuffer] = {}
+_state_lock = threading.Lock()
+_COUNTER_LIMIT = 2**31 - 1
+
+
+def _look_back_state(device: torch.device, words: int, grid: int) -> tuple[torch.Tensor, int, int]:
+    """`(buffer, epoch, ticket_base)` for one chunked launch on the current stream."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            # A CUDA graph replays its arguments as captured: a fixed epoch would see the previous
+            # replay's words as ready. A zeroed buffer per call is captured as a memset instead.
+            return torch.zeros(2 + words, dtype=torch.int64, device=device), 1, 0
+        key = (device.index, triton.runtime.driver.active.get_current_stream(device.index))
+    else:  # the interpreter runs one program at a time
+        key = (None, None)
+    state = _states.get(key)
+    if (state is None or state.tensor.numel() < 2 + words or state.epoch >= _COUNTER_LIMIT
+            or state.tickets + grid > _COUNTER_LIMIT):
+        state = _states[key] = _StateBuffer(words, device)
+    state.epoch += 1
+    ticket_base = state.tickets
+    state.tickets += grid
+    return state.tensor, state.epoch, ticket_base
 
 
 # Compiled kernels by launch signature: the constexprs, warps, flag dtypes and every integer
-# argument as is. With all pointers 16-byte aligned that fixes everything Triton specialises the
-# kernel on (pointer dtypes and alignment; each integer's divisibility by 16 or equality to 1), so a
-# call with a known key skips Triton's generic launch path, which binds and re-specialises every
-# argument (about 0.7 us each on a slow host). A new shape takes the generic path once.
+# argument as is (but the epoch and ticket base, which are never specialised). With all pointers
+# 16-byte aligned that fixes everything Triton specialises the kernel on (pointer dtypes and
+# alignment; each integer's divisibility by 16 or equality to 1), so a call with a known key skips
+# Triton's generic launch path, which binds and re-specialises every argument (about 0.7 us each
+# on a slow host). A new shape takes the generic path once.
 _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
-_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "BLOCK_N", "BLOCK_T")
+_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "JOIN", "FLAG_AXIS", "BLOCK_N", "BLOCK_T")
 
 
-def _launch(grid: int, num_warps: int, tensors: tuple, ints: tuple, floats: tuple, constexprs: tuple) -> None:
+def _launch(grid: int, num_warps: int, tensors: list, ints: tuple, floats: tuple, constexprs: tuple) -> None:
     pointers = [x.data_ptr() for x in tensors]
     device = tensors[1].device
     aligned = functools.reduce(operator.or_, pointers) % 16 == 0
     key = (device, num_warps, constexprs, tensors[2].dtype, tensors[3].dtype, ints)
     kernel = _compiled.get(key) if aligned else None
     if kernel is not None and _on_current_device(device):
-        # The direct path: exactly what JITFunction.run does once it has found the compiled kernel.
+        # The direct path: what JITFunction.run does once it has found the compiled kernel.
         stream = triton.runtime.driver.active.get_current_stream(device.index)
         args = (*pointers, *ints, *floats, *constexprs)
-        hooks = _knobs.runtime
-        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata((grid, 1, 1), stream, *args), hooks.launch_enter_hook,
-                   hooks.launch_exit_hook, *args)
+        enter_hook, exit_hook = _active(_knobs.runtime.launch_enter_hook), _active(_knobs.runtime.launch_exit_hook)
+        # Launch metadata only feeds the enter hook (profilers); building it costs microseconds.
+        metadata = kernel.launch_metadata((grid, 1, 1), stream, *args) if enter_hook is not None else None
+        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata, enter_hook, exit_hook,
+                   *args)
         return
     constexpr_kwargs = dict(zip(_CONSTEXPR_NAMES, constexprs, strict=True))
     if device.type != "cuda":  # Triton's CPU interpreter
@@ -301,6 +404,11 @@ def _launch(grid: int, num_warps: int, tensors: tuple, ints: tuple, floats: tupl
         if len(_compiled) >= _MAX_COMPILED:
             _compiled.clear()
         _compiled[key] = kernel
+
+
+def _active(hook):
+    """`hook`, or None when it would do nothing (Triton >= 3.5 installs empty hook chains)."""
+    return None if hook is None or getattr(hook, "calls", None) == [] else hook
 
 
 _single_gpu: bool | None = None

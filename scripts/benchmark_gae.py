@@ -5,7 +5,8 @@
 
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
-  device    device time of the same call (CUDA-graph replay, so no launch gaps)
+  device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
+            runs them without launch gaps (eager, as training calls it; not a CUDA graph)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes
@@ -59,15 +60,41 @@ def median_time_us(fn, calls: int, repeats: int = 15) -> float:
     return statistics.median(samples)
 
 
-def graph_time_us(fn, calls: int, repeats: int = 15) -> float:
-    """Device time per fn() call: a CUDA graph of `calls` calls, replayed."""
+def queued_time_us(fn, calls: int, repeats: int = 15) -> float:
+    """Device time per fn() call: `calls` eager calls enqueued while the GPU sleeps, then timed.
+
+    The host gets ahead of the GPU, so the calls run back to back and the events measure device
+    time, launch costs hidden. Retries with a longer sleep if the sleep ended before the host had
+    queued every call."""
     fn()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host_start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    host_us = (time.perf_counter() - host_start) * 1e6  # enqueue time of the calls, at worst
+    cycles = int(2.0 * host_us * 2000) + 100_000  # ~2 GHz: twice the host time, in cycles
+    asleep = torch.cuda.Event(enable_timing=True)
+    samples = []
+    while len(samples) < repeats:
+        asleep.record()
+        torch.cuda._sleep(cycles)
+        enqueue_start = time.perf_counter()
+        start.record()
         for _ in range(calls):
             fn()
-    return median_time_us(graph.replay, 1, repeats) / calls
+        end.record()
+        enqueued_us = (time.perf_counter() - enqueue_start) * 1e6
+        end.synchronize()
+        slept_us = asleep.elapsed_time(start) * 1e3
+        if enqueued_us > 0.9 * slept_us:  # the GPU caught up with the host: sleep longer
+            if cycles > 1e11:
+                raise RuntimeError(f"queued_time_us: the host never got ahead of the GPU ({enqueued_us:.0f} us)")
+            cycles *= 2
+            continue
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
 
 
 def make_inputs(num_envs: int, num_steps: int, time_major: bool) -> dict[str, torch.Tensor]:
@@ -204,16 +231,19 @@ def main() -> None:
 
 
 def sweep_tiles(args) -> None:
-    """Device time of the kernel for each (tile elements, warps), with the copy of the same bytes."""
+    """Device time of the kernel per tile, warps and join (L: one program walks a row block's
+    chunks; otherwise chunks are joined by the look-back), with the copy of the same bytes."""
     from kernels.triton_gae import launch_gae
 
-    # (block_n, block_t, warps); None: the plan's choice
-    configs = [(None, None, None), (1, 1024, 4), (1, 2048, 4), (2, 512, 4), (8, 128, 4), (32, 32, 4), (32, 32, 2),
-               (32, 64, 4), (16, 128, 4), (16, 256, 4), (16, 256, 8), (64, 16, 4)]
-    labels = ["default" if n is None else f"{n}x{t}/{w}" for n, t, w in configs]
-    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
+    # (block_n, block_t, warps, loop); None: the plan's choice
+    configs = [(None, None, None, None), (1, 1024, 4, False), (2, 512, 4, False), (64, 16, 1, False),
+               (32, 32, 1, False), (16, 64, 1, False), (8, 128, 1, False), (32, 64, 2, False), (16, 256, 4, False),
+               (128, 8, 1, True), (64, 16, 1, True), (32, 32, 1, True), (64, 32, 1, True), (32, 64, 1, True),
+               (16, 64, 1, True), (8, 128, 1, True)]
+    labels = ["default" if n is None else f"{n}x{t}/{w}{'L' if loop else ''}" for n, t, w, loop in configs]
+    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps, L = loop join; "
           "copy = the same bytes copied")
-    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>10}" for label in labels), flush=True)
+    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
     for spec in args.shapes:
         num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
         nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
@@ -222,17 +252,21 @@ def sweep_tiles(args) -> None:
             x = make_inputs(num_envs, num_steps, layout == "time")
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            copy_us = graph_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
+            copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
             times = []
-            for block_n, block_t, num_warps in configs:
+            for block_n, block_t, num_warps, loop in configs:
+                if loop and num_envs < 64 * block_n:  # too few programs: a slow serial walk, skip
+                    times.append(float("nan"))
+                    continue
                 block = None if block_n is None else (block_n, block_t)
 
-                def run(x=x, block=block, num_warps=num_warps):
+                def run(x=x, block=block, num_warps=num_warps, loop=loop):
                     launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block)
+                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block,
+                               loop=loop)
 
-                times.append(graph_time_us(run, calls))
-            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:10.2f}" for t in times), flush=True)
+                times.append(queued_time_us(run, calls))
+            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:9.2f}" for t in times), flush=True)
             del x, src, dst
             torch.cuda.empty_cache()
 
@@ -255,13 +289,13 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
 
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
     call_us = median_time_us(ours, max(calls, 50))  # enough calls that launches overlap
-    device_us = graph_time_us(ours, calls)
+    device_us = queued_time_us(ours, calls)
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     error = reference_check(x) if small_rows else float("nan")
 
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy_us = graph_time_us(lambda: dst.copy_(src), calls)
+    copy_us = queued_time_us(lambda: dst.copy_(src), calls)
 
     loop_us = float("nan")
     if num_steps <= args.loop_max_steps:

@@ -53,7 +53,8 @@ def main() -> None:
     ints = [3, 17, 1, 2048, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45]
     rows = [("empty kernel, 1 arg", lambda: _empty_1[(1,)](dev)),
             ("empty kernel, 36 args", lambda: _empty_36[(1,)](*([dev] * 11), *ints))]
-    for spec, (n, t) in {"1x2048": (1, 2048), "16x65536 (chunked)": (16, 65536)}.items():
+    shapes = {"1x2048": (1, 2048), "16x65536 (chunked)": (16, 65536), "1x1048576 (chunked)": (1, 1 << 20)}
+    for spec, (n, t) in shapes.items():
         x = random_rollout(n, t, device="cuda")
         adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
         args = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from kernels import compute_gae
+from kernels import compute_gae, triton_gae
 from kernels.triton_gae import launch_gae, plan
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
@@ -78,11 +78,22 @@ def test_extreme_discounts(gamma, lam):
 @pytest.mark.parametrize("num_envs,num_steps,max_block_t",
                          [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (64, 1000, 64), (3, 33, 32)])
 def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major):
-    block_n, block_t, num_chunks, grid, _ = plan(num_envs, num_steps, time_major, max_block_t)
-    assert num_chunks > 1, "the case must split rows into chunks joined by the look-back"
+    *_, join = plan(num_envs, num_steps, time_major, max_block_t, loop=False)
+    assert join == triton_gae.JOIN_LOOK_BACK, "the case must split rows into chunks joined by the look-back"
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
                              seed=num_steps + max_block_t)
-    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
+    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "loop": False})
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("num_envs,num_steps,max_block_t,density",
+                         [(1, 1000, 16, 0.05), (7, 127, 2, 0.0), (64, 1000, 64, 0.05), (3, 33, 32, 1.0)])
+def test_chunks_walked_by_one_program_match_reference(num_envs, num_steps, max_block_t, density, time_major):
+    *_, join = plan(num_envs, num_steps, time_major, max_block_t, loop=True)
+    assert join == triton_gae.JOIN_LOOP
+    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
+                             seed=num_steps + max_block_t + 1)
+    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "loop": True})
 
 
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
@@ -100,14 +111,15 @@ def test_chunked_rows_with_last_value_and_no_truncations():
 
 def test_plan_covers_every_element_with_power_of_two_tiles():
     assert plan(64, 256, True)[:3] == (1, 256, 1)  # tiny: one env row per program
-    assert plan(1, 2048, False)[:3] == (1, 1024, 2)
-    assert plan(16384, 1024, True)[:3] == (32, 32, 32)  # many envs side by side
-    assert plan(16, 1 << 20, True)[:2] == (16, 256)  # few envs: longer tiles
-    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096], [1, 33, 1 << 20], [False, True]):
-        block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
+    assert plan(1, 2048, False) == (1, 1024, 2, 2, 4, triton_gae.JOIN_LOOK_BACK)
+    assert plan(16, 1 << 20, True)[:2] == (16, 64)  # few envs: longer tiles
+    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
+        block_n, block_t, num_chunks, grid, num_warps, join = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
         assert block_n * block_t <= 4096 and num_chunks * block_t >= num_steps
-        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8)
+        assert num_warps in (1, 2, 4, 8) and (join == triton_gae.JOIN_NONE) == (num_chunks == 1)
+        programs_per_row_block = 1 if join == triton_gae.JOIN_LOOP else num_chunks
+        assert grid * block_n >= num_envs * programs_per_row_block
 
 
 def test_outputs_are_allocated_in_the_layout_of_values():
@@ -178,3 +190,38 @@ def test_repeated_calls_reuse_the_compiled_kernel_correctly():
     shifted = {k: v[:, 1:] for k, v in storage.items()}  # data pointers 4 bytes past alignment
     assert_matches_oracle(shifted)
     assert_matches_oracle(shifted)
+
+
+def test_look_back_state_is_reused_across_calls_and_shapes():
+    # The state buffer is not zeroed between calls: each call's words carry its epoch and its
+    # tickets continue the counter. Calls of different shapes on one buffer must all be right.
+    triton_gae._states.clear()
+    for seed, (num_envs, num_steps, max_block_t) in enumerate([(7, 127, 16), (3, 33, 8), (7, 127, 16), (2, 300, 32)]):
+        rollout = random_rollout(num_envs, num_steps, density=0.05, device=DEVICE, seed=40 + seed)
+        assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
+    (state,) = triton_gae._states.values()
+    assert state.epoch >= 4, "every chunked call should have used the one buffer"
+
+
+def test_look_back_state_starts_afresh_before_its_counters_overflow(monkeypatch):
+    triton_gae._states.clear()
+    monkeypatch.setattr(triton_gae, "_COUNTER_LIMIT", 10)
+    buffers = set()
+    for seed in range(4):  # one row block x 8 chunks: 8 tickets a call, a new buffer every second call
+        rollout = random_rollout(7, 127, density=0.05, device=DEVICE, seed=50 + seed)
+        assert_matches_oracle(rollout, launch_options={"max_block_t": 16})
+        buffers.update(id(s.tensor) for s in triton_gae._states.values())
+    assert len(buffers) >= 2
+
+
+@pytest.mark.parametrize("time_major", [False, True])
+def test_flag_loads_are_hinted_only_where_flags_are_contiguous(time_major):
+    axis = 0 if time_major else 1
+    contiguous = random_rollout(8, 64, time_major=time_major, device=DEVICE)
+    flags = contiguous["terminateds"]
+    assert triton_gae.flag_hint_axis(flags, flags, time_major, (128, 8) if time_major else (1, 1024)) == axis
+    # a tile narrower than 4 along the contiguous axis, or flags in the other layout: no hint
+    assert triton_gae.flag_hint_axis(flags, flags, time_major, (2, 2)) == -1
+    other_layout = flags.T.contiguous().T if not time_major else flags.contiguous()
+    assert triton_gae.flag_hint_axis(other_layout, flags, time_major, (128, 8)) == -1
+    assert triton_gae.flag_hint_axis(flags, other_layout, time_major, (128, 8)) == -1
