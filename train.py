@@ -38,7 +38,7 @@ from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler
-from ppo.update import ppo_update
+from ppo.update import Updater, make_optimizer, set_learning_rate
 
 
 class NonFiniteLossError(RuntimeError):
@@ -95,7 +95,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5, fused=True)  # one kernel
+    # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
+    # its all-reduces are not captured).
+    graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
+    optimizer = make_optimizer(agent, ppo, device, graphs)
+    updater = Updater(agent, optimizer, ppo, graphs)
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
     reward_scaler = RewardScaler(envs.num_envs, ppo.gamma, device, ppo.reward_clip, ppo.normalize_rewards)
     generator = torch.Generator(device).manual_seed(settings.seed)
@@ -106,7 +110,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         torch.manual_seed(env_seed)
         generator.manual_seed(env_seed)
     buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
-    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed)
+    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed, graphs)
     logger = RunLogger(run_dir, settings.total_timesteps, global_step, settings.log_every_s, enabled=workers.is_main)
     stop = StopOnSignal()
     steps_per_iteration = settings.batch_size * workers.world_size
@@ -123,8 +127,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         while global_step < settings.total_timesteps and not stop.agreed(device):
             iteration += 1
             learning_rate = ppo.learning_rate * (1 - global_step / settings.total_timesteps if ppo.anneal_lr else 1)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate
+            set_learning_rate(optimizer, learning_rate)
             env_s, inference_s = collector.env_seconds, collector.inference_seconds
             iteration_start = time.perf_counter()
 
@@ -136,7 +139,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             gae_s = synchronized_seconds(start, device)
 
             start = time.perf_counter()
-            stats = ppo_update(agent, optimizer, buffer, ppo, generator)
+            stats = updater(buffer, generator)
             update_s = synchronized_seconds(start, device)
 
             # One read of device scalars per iteration: episodes summed, losses averaged over workers.

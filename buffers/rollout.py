@@ -7,7 +7,7 @@ are computed in place by handing `compute_gae` transposed views (`[num_envs, num
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -29,6 +29,10 @@ class Minibatch:
     advantages: torch.Tensor
     returns: torch.Tensor
     weights: torch.Tensor
+
+    def select(self, index: torch.Tensor) -> Minibatch:
+        """The samples at `index` (a gather: new tensors)."""
+        return Minibatch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
 
 
 class RolloutBuffer:
@@ -76,6 +80,17 @@ class RolloutBuffer:
         mean and std of the valid samples only. Each pass draws a new permutation from `generator`
         (on the buffer's device), so a seeded run shuffles the same way every time.
         """
+        batch = self.flat_batch(normalize_advantages)
+        for _ in range(epochs):
+            for mb in self.shuffled_order(num_minibatches, generator):
+                yield batch.select(mb)
+
+    def flat_batch(self, normalize_advantages: bool = True) -> Minibatch:
+        """The whole buffer flattened to `[num_steps * num_envs, ...]` (CleanRL's `b_` tensors).
+
+        Advantages are normalised with the mean and std of the valid samples only and are 0 on
+        dummy steps; every other tensor is a view of the buffer's own storage.
+        """
         b_weights = self.valid.reshape(-1).float()
         b_advantages = self.advantages.reshape(-1)
         if normalize_advantages:
@@ -83,13 +98,12 @@ class RolloutBuffer:
             mean = (b_advantages * b_weights).sum() / count
             std = (((b_advantages - mean) * b_weights).square().sum() / (count - 1)).sqrt()
             b_advantages = (b_advantages - mean) / (std + 1e-8) * b_weights
-        b_observations = self.observations.reshape(-1, self.observations.shape[-1])
-        b_actions = self.actions.reshape(-1, self.actions.shape[-1])
-        b_log_probs = self.log_probs.reshape(-1)
-        b_values = self.values.reshape(-1)
-        b_returns = self.returns.reshape(-1)
-        for _ in range(epochs):
-            order = torch.randperm(b_weights.numel(), generator=generator, device=generator.device).to(self.device)
-            for mb in order.view(num_minibatches, -1):  # the batch divides evenly (checked by the config)
-                yield Minibatch(b_observations[mb], b_actions[mb], b_log_probs[mb], b_values[mb],
-                                b_advantages[mb], b_returns[mb], b_weights[mb])
+        return Minibatch(self.observations.reshape(-1, self.observations.shape[-1]),
+                         self.actions.reshape(-1, self.actions.shape[-1]), self.log_probs.reshape(-1),
+                         self.values.reshape(-1), b_advantages, self.returns.reshape(-1), b_weights)
+
+    def shuffled_order(self, num_minibatches: int, generator: torch.Generator) -> torch.Tensor:
+        """`[num_minibatches, minibatch_size]` sample indices: one permutation drawn from `generator`."""
+        size = self.num_steps * self.num_envs
+        order = torch.randperm(size, generator=generator, device=generator.device).to(self.device)
+        return order.view(num_minibatches, -1)  # the batch divides evenly (checked by the config)

@@ -41,6 +41,7 @@ class PPOSettings:
     observation_clip: float = 10.0
     reward_clip: float = 10.0
     compile: bool = False  # torch.compile the loss (and its backward); costs a compile at start
+    cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,10 @@ class VecEnv(Protocol):
 
     def reset(self, seed: int) -> torch.Tensor: ...
 
-    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(observations [N, obs_dim] f32, rewards [N] f32, terminateds [N] bool, truncateds [N] bool)`."""
+    def step(self, actions: torch.Tensor, out: tuple | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(observations [N, obs_dim] f32, rewards [N] f32, terminateds [N] bool, truncateds [N] bool)`,
+        copied into the tensors of `out` when given (fixed addresses, for CUDA graphs)."""
         ...
 
     def close(self) -> None: ...
@@ -81,10 +83,15 @@ class _TensorEnvs:
         obs, _ = self.env.reset(**self._reset_kwargs(seed))
         return self._move(obs.reshape(self.num_envs, -1), torch.float32)
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor, out: tuple | None = None):
         obs, rewards, terminateds, truncateds, _ = self.env.step(actions.detach().to("cpu", torch.float32).numpy())
-        return (self._move(obs.reshape(self.num_envs, -1), torch.float32), self._move(rewards, torch.float32),
-                self._move(terminateds, torch.bool), self._move(truncateds, torch.bool))
+        arrays = (obs.reshape(self.num_envs, -1), rewards, terminateds, truncateds)
+        if out is not None:
+            for tensor, array in zip(out, arrays, strict=True):
+                tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+            return out
+        return tuple(self._move(x, dtype) for x, dtype in
+                     zip(arrays, (torch.float32, torch.float32, torch.bool, torch.bool), strict=True))
 
     def close(self) -> None:
         self.env.close()

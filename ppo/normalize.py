@@ -33,12 +33,13 @@ class RunningMeanStd:
             batch_mean = batch.mean(0)
             batch_var = batch.var(0, unbiased=False)
             batch_count = batch.shape[0]
+        # In place throughout: a CUDA graph of the collection step replays these very tensors.
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total
         correction = delta.square() * self.count * batch_count / total
-        self.var = (self.var * self.count + batch_var * batch_count + correction) / total
-        self.count = total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + correction) / total)
+        self.count.copy_(total)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"mean": self.mean, "var": self.var, "count": self.count}
@@ -46,7 +47,7 @@ class RunningMeanStd:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.mean.copy_(state["mean"])
         self.var.copy_(state["var"])
-        self.count = state["count"].to(self.mean.device)
+        self.count.copy_(state["count"])
 
 
 class ObservationNormalizer:
@@ -81,9 +82,9 @@ class RewardScaler:
         if not self.enabled:
             return rewards
         if not self.frozen:
-            self.discounted_return = self.discounted_return * self.gamma + rewards
+            self.discounted_return.mul_(self.gamma).add_(rewards)  # in place (see RunningMeanStd.update)
             self.rms.update(self.discounted_return)
-            self.discounted_return = torch.where(dones, 0.0, self.discounted_return)
+            self.discounted_return.masked_fill_(dones, 0.0)
         return (rewards / torch.sqrt(self.rms.var.float() + 1e-8)).clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict:

@@ -1,5 +1,9 @@
 """The PPO loss and update: clipped surrogate, (optionally clipped) value loss, entropy bonus;
-epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional target-KL stop."""
+epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional target-KL stop.
+
+`ppo_update` is the plain loop. `Updater` runs it, or, on one CUDA device, replays each epoch as a
+CUDA graph: a minibatch step is ~150 tiny kernels, and launching them one by one from Python costs
+far more than running them."""
 
 from __future__ import annotations
 
@@ -97,3 +101,97 @@ def explained_variance(buffer: RolloutBuffer) -> torch.Tensor:
     returns, values = buffer.returns.reshape(-1), buffer.values.reshape(-1)
     var_returns = variance(returns)
     return torch.where(var_returns > 0, 1 - variance(returns - values) / var_returns, torch.nan)
+
+
+def make_optimizer(agent: Agent, settings: PPOSettings, device: torch.device, graphs: bool) -> torch.optim.Adam:
+    """Adam (eps 1e-5, as CleanRL), fused into one kernel. For CUDA graphs it is `capturable` and its
+    learning rate a device tensor, so annealing (`set_learning_rate`) reaches the captured step."""
+    if graphs:
+        lr = torch.tensor(settings.learning_rate, dtype=torch.float32, device=device)
+        return torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5, fused=True, capturable=True)
+    return torch.optim.Adam(agent.parameters(), lr=settings.learning_rate, eps=1e-5, fused=True)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    """Set every group's learning rate, in place where it is a tensor (a captured graph reads it)."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(learning_rate)
+        else:
+            group["lr"] = learning_rate
+
+
+class Updater:
+    """`updater(buffer, generator)` runs the PPO update, with `ppo_update`'s math and results.
+
+    With `graphs`, the first call runs `ppo_update` on a side stream (a real update that also warms
+    up autograd, cuBLAS and Adam's state, as CUDA graph capture requires), then captures one epoch:
+    every minibatch's gather, loss, backward, clipping and Adam step. Later calls draw each epoch's
+    permutation as `ppo_update` does, copy it into the graph's input and replay. Inputs the graph
+    reads stay at fixed addresses: the buffer's own tensors, and copies of the per-iteration
+    weights and normalised advantages.
+    """
+
+    def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, graphs: bool = False):
+        self.agent, self.optimizer, self.settings, self.graphs = agent, optimizer, settings, graphs
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def __call__(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if not self.graphs:
+            return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator)
+        if self.graph is None:
+            return self._warm_up_and_capture(buffer, generator)
+        return self._replay(buffer, generator)
+
+    def _warm_up_and_capture(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        settings, device = self.settings, buffer.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            result = ppo_update(self.agent, self.optimizer, buffer, settings, generator)
+        torch.cuda.current_stream(device).wait_stream(side)
+        for group in self.optimizer.param_groups:  # a float would be baked into the graph
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+
+        self.buffer = buffer
+        batch = buffer.flat_batch(settings.norm_adv)
+        self.weights, self.advantages = batch.weights.clone(), batch.advantages.clone()
+        self.batch = Minibatch(batch.observations, batch.actions, batch.log_probs, batch.values,
+                               self.advantages, batch.returns, self.weights)
+        self.order = buffer.shuffled_order(settings.num_minibatches, torch.Generator(device).manual_seed(0))
+        self.total = torch.zeros(len(STAT_NAMES), device=device)
+        self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
+        loss_function = _loss_function(settings)
+        parameters = list(self.agent.parameters())
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for index in range(settings.num_minibatches):
+                loss, stats = loss_function(self.agent, self.batch.select(self.order[index]), settings)
+                self.optimizer.zero_grad(set_to_none=False)  # the gradients keep their addresses
+                loss.backward()
+                nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
+                self.optimizer.step()
+                self.total += stats
+            self.last_stats.copy_(stats)
+        return result
+
+    def _replay(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if buffer is not self.buffer:
+            raise ValueError("Updater: the CUDA graph was captured on another RolloutBuffer")
+        settings = self.settings
+        batch = buffer.flat_batch(settings.norm_adv)
+        self.weights.copy_(batch.weights)
+        self.advantages.copy_(batch.advantages)
+        self.total.zero_()
+        epochs = 0
+        for _ in range(settings.update_epochs):
+            self.order.copy_(buffer.shuffled_order(settings.num_minibatches, generator))
+            self.graph.replay()
+            epochs += 1
+            if settings.target_kl is not None and self.last_stats[3].item() > settings.target_kl:
+                break
+        result = dict(zip(STAT_NAMES, self.total / (epochs * settings.num_minibatches), strict=True))
+        result["explained_variance"] = explained_variance(buffer)
+        result["epochs"] = torch.tensor(float(epochs))
+        return result

@@ -1,5 +1,6 @@
 """The PPO loss: dummy samples (weight 0) change nothing, whatever they hold."""
 
+import pytest
 import torch
 
 from buffers import Minibatch
@@ -54,3 +55,63 @@ def test_compiled_loss_matches_eager():
     compiled_loss, compiled_stats = update._loss_function(settings)(agent, mb, settings)
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled_stats, eager_stats, rtol=1e-5, atol=1e-6)
+
+
+def filled_buffer(device: torch.device, seed: int, num_steps: int = 8, num_envs: int = 16):
+    from buffers import RolloutBuffer
+
+    g = torch.Generator().manual_seed(seed)
+    buffer = RolloutBuffer(num_steps, num_envs, 5, 2, device)
+    for name in ("observations", "actions", "values", "advantages", "returns"):
+        getattr(buffer, name).copy_(torch.randn(getattr(buffer, name).shape, generator=g))
+    buffer.log_probs.copy_(torch.randn(buffer.log_probs.shape, generator=g) - 2)
+    buffer.valid.copy_(torch.rand(buffer.valid.shape, generator=g) > 0.1)
+    return buffer
+
+
+def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tuple[list, list]:
+    """Three updates on changing buffer contents and learning rates; parameters and stats after each."""
+    from ppo.update import Updater, make_optimizer, set_learning_rate
+
+    torch.manual_seed(0)
+    agent = Agent(5, 2).to(device)
+    optimizer = make_optimizer(agent, settings, device, graphs)
+    updater = Updater(agent, optimizer, settings, graphs)
+    generator = torch.Generator(device).manual_seed(3)
+    buffer = filled_buffer(device, 0)
+    parameters, stats = [], []
+    for iteration in range(3):
+        fresh = filled_buffer(device, iteration)
+        for name in ("observations", "actions", "log_probs", "values", "advantages", "returns", "valid"):
+            getattr(buffer, name).copy_(getattr(fresh, name))
+        set_learning_rate(optimizer, 1e-2 / (iteration + 1))  # annealing must reach a captured step
+        result = updater(buffer, generator)
+        stats.append(torch.stack([result[k].float().cpu() for k in sorted(result)]))
+        parameters.append([p.detach().cpu().clone() for p in agent.parameters()])
+    return parameters, stats
+
+
+def test_updater_without_graphs_is_ppo_update():
+    # The CPU path: the Updater is the plain loop, and set_learning_rate sets float rates.
+    settings = PPOSettings(num_minibatches=4, update_epochs=2)
+    params_a, stats_a = run_updates(torch.device("cpu"), False, settings)
+    params_b, stats_b = run_updates(torch.device("cpu"), False, settings)
+    for a, b in zip(params_a[-1] + stats_a, params_b[-1] + stats_b, strict=True):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(params_a[0][0], params_a[-1][0]), "the updates did not train"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
+@pytest.mark.parametrize("target_kl", [None, 1e-4])
+def test_cuda_graph_updates_match_the_eager_loop(target_kl):
+    # Same seeds, same buffers, same annealed learning rates: replayed epochs must give the
+    # parameters and statistics of the eager loop (the first update is eager in both).
+    settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl)
+    cuda = torch.device("cuda")
+    eager_params, eager_stats = run_updates(cuda, False, settings)
+    graph_params, graph_stats = run_updates(cuda, True, settings)
+    for iteration in range(3):
+        torch.testing.assert_close(graph_stats[iteration], eager_stats[iteration], rtol=1e-4, atol=1e-5)
+        for a, b in zip(graph_params[iteration], eager_params[iteration], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(graph_params[1][0], graph_params[2][0]), "the replayed update did not train"
