@@ -22,19 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-# Bootstrap modes (the `BOOTSTRAP` constexpr) and how chunks of a row are joined (`JOIN`).
+# Bootstrap modes (the `BOOTSTRAP` constexpr).
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
-JOIN_NONE, JOIN_LOOK_BACK, JOIN_LOOP = 0, 1, 2
 
 MAX_BLOCK_T = 1 << 16
 # Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
-# tiles take whole rows up to 1024 steps; time-major tiles put 128 envs side by side (one warp,
-# 4 floats per thread: every load is a full line) and each thread scans its envs' steps alone.
+# tiles take whole rows up to 1024 steps. Time-major tiles run on one warp (the scan stays inside
+# it): 8 envs x 128 steps, or 32 x 32 from 8192 envs up, where the wider lines measured faster.
 TILE_ELEMENTS = 1024
-TIME_MAJOR_BLOCK_N = 128
-# Time-major rows of several chunks are walked by one program per block of envs (no look-back)
-# when there are at least this many blocks of envs to spread over the GPU.
-LOOP_MIN_ROW_BLOCKS = 256
+TIME_MAJOR_BLOCK_N = 8
+TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N = 8192, 32
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -180,64 +177,42 @@ def _gae_kernel(
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     stride_an, stride_at, stride_gn, stride_gt,
     gamma, gamma_lam, epoch, ticket_base,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, JOIN: tl.constexpr, FLAG_AXIS: tl.constexpr,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    # JOIN: how the chunks of a row meet. JOIN_NONE: one chunk per row. JOIN_LOOK_BACK: one program
-    # per chunk, carries by a decoupled look-back. JOIN_LOOP: one program per block of rows walks
-    # its chunks from the end of time, the carry in registers (enough rows to fill the GPU).
-    if JOIN == 2:
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-        carry = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i in range(0, num_chunks):
-            chunk = num_chunks - 1 - i
-            alpha, beta, value, mask, t = _tile_scan(
-                rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-                rows, chunk, N, T,
-                stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-                stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-                gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
-            alpha = alpha + beta * carry[:, None]
-            n = rows[:, None]
-            tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
-            tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
-            carry = _first_column(alpha, BLOCK_T)
+    if CHUNKED:
+        # Tickets hand out chunks from the end of time, so every chunk a program waits for
+        # belongs to a program that started earlier: the look-back cannot deadlock. The counter
+        # is never reset: this call's tickets start at `ticket_base`.
+        num_row_blocks = tl.cdiv(N, BLOCK_N)
+        ticket = tl.atomic_add(state_ptr, 1).to(tl.int64) - ticket_base
+        row_block = ticket % num_row_blocks
+        chunk = num_chunks - 1 - ticket // num_row_blocks
     else:
-        if JOIN == 1:
-            # Tickets hand out chunks from the end of time, so every chunk a program waits for
-            # belongs to a program that started earlier: the look-back cannot deadlock. The counter
-            # is never reset: this call's tickets start at `ticket_base`.
-            num_row_blocks = tl.cdiv(N, BLOCK_N)
-            ticket = tl.atomic_add(state_ptr, 1).to(tl.int64) - ticket_base
-            row_block = ticket % num_row_blocks
-            chunk = num_chunks - 1 - ticket // num_row_blocks
-        else:
-            row_block = tl.program_id(0).to(tl.int64)
-            chunk = 0
-        rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
-        alpha, beta, value, mask, t = _tile_scan(
-            rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-            rows, chunk, N, T,
-            stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-            stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
-        if JOIN == 1:
-            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
-            alpha = alpha + beta * carry[:, None]
-        n = rows[:, None]
-        tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
-        tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
+        row_block = tl.program_id(0).to(tl.int64)
+        chunk = 0
+    rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
+    alpha, beta, value, mask, t = _tile_scan(
+        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+        rows, chunk, N, T,
+        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
+    if CHUNKED:
+        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
+        alpha = alpha + beta * carry[:, None]
+    n = rows[:, None]
+    tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
+    tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
 
 
 @functools.lru_cache(maxsize=512)
 def plan(
     num_envs: int, num_steps: int, time_major: bool, max_block_t: int = MAX_BLOCK_T,
-    block: tuple[int, int] | None = None, num_warps: int | None = None, loop: bool | None = None,
-) -> tuple[int, int, int, int, int, int]:
-    """`(BLOCK_N, BLOCK_T, num_chunks, grid, num_warps, join)` for a problem: the tile, how many
-    chunks a row is cut into, and how they are joined (`JOIN_*`). `block`, `num_warps` and `loop`
-    (True: JOIN_LOOP, False: JOIN_LOOK_BACK, for rows of several chunks) override the choice
-    (tuning, tests)."""
+    block: tuple[int, int] | None = None, num_warps: int | None = None,
+) -> tuple[int, int, int, int, int]:
+    """`(BLOCK_N, BLOCK_T, num_chunks, grid, num_warps)` for a problem. More than one chunk means
+    the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
     if block is not None:
@@ -248,15 +223,11 @@ def plan(
     elif num_envs * num_steps <= TINY_PROBLEM:
         block_n, block_t = 1, min(steps, TILE_ELEMENTS)
     else:
-        block_n = min(envs, TIME_MAJOR_BLOCK_N)
+        block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if num_envs >= TIME_MAJOR_MANY_ENVS else TIME_MAJOR_BLOCK_N
         block_t = TILE_ELEMENTS // block_n
     block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
-    row_blocks = triton.cdiv(max(num_envs, 1), block_n)
-    if loop is None:
-        loop = time_major and row_blocks >= LOOP_MIN_ROW_BLOCKS
-    join = JOIN_NONE if num_chunks == 1 else JOIN_LOOP if loop else JOIN_LOOK_BACK
-    grid = row_blocks * (1 if join == JOIN_LOOP else num_chunks)
+    grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
     if num_warps is None:
         elements = block_n * block_t
         if time_major and block_n > 1:
@@ -265,7 +236,7 @@ def plan(
             num_warps = 1
         else:
             num_warps = 1 if elements <= 128 else 2 if elements <= 256 else 4
-    return block_n, block_t, num_chunks, grid, num_warps, join
+    return block_n, block_t, num_chunks, grid, num_warps
 
 
 def launch_gae(
@@ -282,13 +253,11 @@ def launch_gae(
     max_block_t: int = MAX_BLOCK_T,
     block: tuple[int, int] | None = None,
     num_warps: int | None = None,
-    loop: bool | None = None,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
-    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps` and `loop` are
-    tuning knobs (see `plan`).
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two) and `num_warps` are tuning knobs.
     """
     num_envs, num_steps = values.shape
     truncated = truncateds if truncateds is not None else terminateds
@@ -299,16 +268,16 @@ def launch_gae(
         bootstrap = values
     stride_vn, stride_vt = values.stride()
     time_major = stride_vn == 1 and stride_vt != 1
-    block_n, block_t, num_chunks, grid, warps, join = plan(
-        num_envs, num_steps, time_major, max_block_t, block, num_warps, loop)
+    block_n, block_t, num_chunks, grid, warps = plan(num_envs, num_steps, time_major, max_block_t, block, num_warps)
+    chunked = num_chunks > 1
     flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t))
     lv = last_value if last_value is not None else values
     tensors = [rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, values]
     ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
             *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
-    constexprs = (truncateds is not None, bootstrap_mode, join, flag_axis, block_n, block_t)
+    constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t)
     floats = (gamma, gamma * lam)
-    if join != JOIN_LOOK_BACK:
+    if not chunked:
         _launch(grid, warps, tensors, ints, (*floats, 1, 0), constexprs)
         return
     # The look-back state is reused from call to call (see `_look_back_state`); the bookkeeping
@@ -375,7 +344,7 @@ def _look_back_state(device: torch.device, words: int, grid: int) -> tuple[torch
 _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
-_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "JOIN", "FLAG_AXIS", "BLOCK_N", "BLOCK_T")
+_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T")
 
 
 def _launch(grid: int, num_warps: int, tensors: list, ints: tuple, floats: tuple, constexprs: tuple) -> None:

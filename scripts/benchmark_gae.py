@@ -231,17 +231,14 @@ def main() -> None:
 
 
 def sweep_tiles(args) -> None:
-    """Device time of the kernel per tile, warps and join (L: one program walks a row block's
-    chunks; otherwise chunks are joined by the look-back), with the copy of the same bytes."""
+    """Device time of the kernel for each tile and warp count, with the copy of the same bytes."""
     from kernels.triton_gae import launch_gae
 
-    # (block_n, block_t, warps, loop); None: the plan's choice
-    configs = [(None, None, None, None), (1, 1024, 4, False), (2, 512, 4, False), (64, 16, 1, False),
-               (32, 32, 1, False), (16, 64, 1, False), (8, 128, 1, False), (32, 64, 2, False), (16, 256, 4, False),
-               (128, 8, 1, True), (64, 16, 1, True), (32, 32, 1, True), (64, 32, 1, True), (32, 64, 1, True),
-               (16, 64, 1, True), (8, 128, 1, True)]
-    labels = ["default" if n is None else f"{n}x{t}/{w}{'L' if loop else ''}" for n, t, w, loop in configs]
-    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps, L = loop join; "
+    # (block_n, block_t, warps); None: the plan's choice
+    configs = [(None, None, None), (1, 1024, 4), (2, 512, 4), (128, 8, 1), (64, 16, 1), (32, 32, 1), (16, 64, 1),
+               (8, 128, 1), (32, 64, 2), (16, 256, 4), (32, 32, 4)]
+    labels = ["default" if n is None else f"{n}x{t}/{w}" for n, t, w in configs]
+    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
           "copy = the same bytes copied")
     print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
     for spec in args.shapes:
@@ -254,16 +251,12 @@ def sweep_tiles(args) -> None:
             dst = torch.empty_like(src)
             copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
             times = []
-            for block_n, block_t, num_warps, loop in configs:
-                if loop and num_envs < 64 * block_n:  # too few programs: a slow serial walk, skip
-                    times.append(float("nan"))
-                    continue
+            for block_n, block_t, num_warps in configs:
                 block = None if block_n is None else (block_n, block_t)
 
-                def run(x=x, block=block, num_warps=num_warps, loop=loop):
+                def run(x=x, block=block, num_warps=num_warps):
                     launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block,
-                               loop=loop)
+                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block)
 
                 times.append(queued_time_us(run, calls))
             print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:9.2f}" for t in times), flush=True)

@@ -78,22 +78,11 @@ def test_extreme_discounts(gamma, lam):
 @pytest.mark.parametrize("num_envs,num_steps,max_block_t",
                          [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (64, 1000, 64), (3, 33, 32)])
 def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density, time_major):
-    *_, join = plan(num_envs, num_steps, time_major, max_block_t, loop=False)
-    assert join == triton_gae.JOIN_LOOK_BACK, "the case must split rows into chunks joined by the look-back"
+    block_n, block_t, num_chunks, grid, _ = plan(num_envs, num_steps, time_major, max_block_t)
+    assert num_chunks > 1, "the case must split rows into chunks joined by the look-back"
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
                              seed=num_steps + max_block_t)
-    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "loop": False})
-
-
-@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
-@pytest.mark.parametrize("num_envs,num_steps,max_block_t,density",
-                         [(1, 1000, 16, 0.05), (7, 127, 2, 0.0), (64, 1000, 64, 0.05), (3, 33, 32, 1.0)])
-def test_chunks_walked_by_one_program_match_reference(num_envs, num_steps, max_block_t, density, time_major):
-    *_, join = plan(num_envs, num_steps, time_major, max_block_t, loop=True)
-    assert join == triton_gae.JOIN_LOOP
-    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
-                             seed=num_steps + max_block_t + 1)
-    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t, "loop": True})
+    assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
 
 
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
@@ -111,15 +100,14 @@ def test_chunked_rows_with_last_value_and_no_truncations():
 
 def test_plan_covers_every_element_with_power_of_two_tiles():
     assert plan(64, 256, True)[:3] == (1, 256, 1)  # tiny: one env row per program
-    assert plan(1, 2048, False) == (1, 1024, 2, 2, 4, triton_gae.JOIN_LOOK_BACK)
-    assert plan(16, 1 << 20, True)[:2] == (16, 64)  # few envs: longer tiles
+    assert plan(1, 2048, False) == (1, 1024, 2, 2, 4)
+    assert plan(4096, 128, True) == (8, 128, 1, 512, 1)  # time-major: one warp per tile
+    assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)  # many envs: wider lines
     for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
-        block_n, block_t, num_chunks, grid, num_warps, join = plan(num_envs, num_steps, time_major)
+        block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
         assert block_n * block_t <= 4096 and num_chunks * block_t >= num_steps
-        assert num_warps in (1, 2, 4, 8) and (join == triton_gae.JOIN_NONE) == (num_chunks == 1)
-        programs_per_row_block = 1 if join == triton_gae.JOIN_LOOP else num_chunks
-        assert grid * block_n >= num_envs * programs_per_row_block
+        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8)
 
 
 def test_outputs_are_allocated_in_the_layout_of_values():
