@@ -1,0 +1,74 @@
+"""Where does the device time of one PPO update go? (CUDA only; diagnostics, not a benchmark table.)
+
+    python scripts/profile_update.py                 # Ant-v4 sizes, CleanRL's schedule
+    python scripts/profile_update.py --compile       # with ppo.compile
+
+Builds an agent and a rollout buffer of random data at Ant-v4's sizes (27 observations, 8 actions,
+64 envs x 32 steps), runs one update eagerly (the CUDA-graph warm-up), then profiles the next,
+replayed one, and prints the kernels by total device time with their counts per minibatch step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from buffers import RolloutBuffer  # noqa: E402
+from ppo.agent import Agent  # noqa: E402
+from ppo.config import PPOSettings  # noqa: E402
+from ppo.update import Updater, make_optimizer  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--obs-dim", type=int, default=27)
+    parser.add_argument("--act-dim", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=25, help="kernels to print")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    settings = PPOSettings(compile=args.compile)
+    agent = Agent(args.obs_dim, args.act_dim).to(device)
+    buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
+    for name in ("observations", "actions", "values", "advantages", "returns"):
+        getattr(buffer, name).normal_()
+    buffer.log_probs.normal_(-2.0)
+    updater = Updater(agent, make_optimizer(agent, settings, device, True), settings, graphs=True)
+    generator = torch.Generator(device).manual_seed(0)
+    updater(buffer, generator)  # eager: warm-up and capture
+    updater(buffer, generator)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    updater(buffer, generator)
+    end.record()
+    end.synchronize()
+    steps = settings.update_epochs * settings.num_minibatches
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}: one replayed "
+          f"update = {steps} minibatch steps, {start.elapsed_time(end):.1f} ms wall")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        updater(buffer, generator)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        sys.exit("the profiler saw no kernels (CUPTI may not trace CUDA graph replays here)")
+
+    def device_us(e) -> float:
+        return e.device_time_total or e.self_device_time_total
+
+    kernels.sort(key=device_us, reverse=True)
+    total_us = sum(device_us(e) for e in kernels)
+    launches = sum(e.count for e in kernels)
+    print(f"# device time {total_us / 1e3:.1f} ms in {launches} kernels ({launches / steps:.0f} per step, "
+          f"{total_us / max(launches, 1):.2f} us each on average)")
+    print(f"{'kernel':70s} {'per step':>8s} {'us each':>8s} {'share':>6s}")
+    for e in kernels[:args.rows]:
+        print(f"{e.key[:70]:70s} {e.count / steps:8.1f} {device_us(e) / e.count:8.2f} {device_us(e) / total_us:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
