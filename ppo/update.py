@@ -113,9 +113,10 @@ def make_optimizer(agent: Agent, settings: PPOSettings, device: torch.device, gr
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
-    """Set every group's learning rate, in place where it is a tensor (a captured graph reads it)."""
+    """Set every group's learning rate: in place where it is the tensor of a capturable optimizer (a
+    captured graph reads it), as a float otherwise (also when a checkpoint brought a tensor)."""
     for group in optimizer.param_groups:
-        if isinstance(group["lr"], torch.Tensor):
+        if isinstance(group["lr"], torch.Tensor) and group.get("capturable", False):
             group["lr"].fill_(learning_rate)
         else:
             group["lr"] = learning_rate
@@ -150,7 +151,10 @@ class Updater:
         with torch.cuda.stream(side):
             result = ppo_update(self.agent, self.optimizer, buffer, settings, generator)
         torch.cuda.current_stream(device).wait_stream(side)
-        for group in self.optimizer.param_groups:  # a float would be baked into the graph
+        for group in self.optimizer.param_groups:
+            # A checkpoint of an eager run may have brought `capturable=False` and a float rate,
+            # which would be baked into the graph.
+            group["capturable"] = True
             if not isinstance(group["lr"], torch.Tensor):
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 

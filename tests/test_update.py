@@ -115,3 +115,17 @@ def test_cuda_graph_updates_match_the_eager_loop(target_kl):
         for a, b in zip(graph_params[iteration], eager_params[iteration], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert not torch.equal(graph_params[1][0], graph_params[2][0]), "the replayed update did not train"
+
+
+def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
+    from ppo.update import set_learning_rate
+
+    agent = Agent(5, 2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    optimizer.param_groups[0]["lr"] = torch.tensor(1e-3)  # as a GPU-graph checkpoint brings it
+    set_learning_rate(optimizer, 5e-4)
+    assert optimizer.param_groups[0]["lr"] == 5e-4 and not isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
+    rate = torch.tensor(1e-3)
+    optimizer.param_groups[0].update(lr=rate, capturable=True)
+    set_learning_rate(optimizer, 2e-4)
+    assert optimizer.param_groups[0]["lr"] is rate and abs(float(rate) - 2e-4) < 1e-9  # filled in place
