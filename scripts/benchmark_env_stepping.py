@@ -1,0 +1,73 @@
+"""How fast does envpool step when other work runs between steps? (CPU; one process run.)
+
+    python scripts/benchmark_env_stepping.py                    # Ant-v4, 64 envs
+    python scripts/benchmark_env_stepping.py --env-id Hopper-v4 --num-envs 16
+
+`benchmark_e2e.py` compares training with envpool stepping back to back on random actions.
+Training puts the policy and bookkeeping between steps, and the simulator then measures slower
+in training than alone. This script steps the same envs with the same random actions and, between
+steps, (a) nothing, (b) a policy-sized MLP forward, (c) that plus 80 small torch ops (about what
+a collection step does), and reports the rate of the `step` calls alone and of the whole loop,
+each mode twice, interleaved, to show the run-to-run swing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="Ant-v4")
+    parser.add_argument("--num-envs", type=int, default=64)
+    parser.add_argument("--num-threads", type=int, default=0, help="envpool threads; 0: min(envs, CPUs)")
+    parser.add_argument("--steps", type=int, default=600)
+    args = parser.parse_args()
+    import envpool
+
+    torch.set_num_threads(1)
+    threads = args.num_threads or min(args.num_envs, os.cpu_count() or 1)
+    envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=1, num_threads=threads)
+    obs, _ = envs.reset()
+    obs_dim, act_dim = int(np.prod(obs.shape[1:])), int(np.prod(envs.action_space.shape))
+    rng = np.random.default_rng(0)
+    actions = [rng.uniform(-1, 1, (args.num_envs, act_dim)).astype(np.float32) for _ in range(16)]
+    policy = torch.nn.Sequential(torch.nn.Linear(obs_dim, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                 torch.nn.Tanh(), torch.nn.Linear(64, act_dim))
+
+    def between_steps(mode: int, obs: np.ndarray) -> None:
+        if mode >= 1:
+            with torch.no_grad():
+                policy(torch.from_numpy(obs.reshape(args.num_envs, -1)).float())
+        if mode >= 2:
+            x = torch.zeros(args.num_envs, dtype=torch.float64)
+            for _ in range(80):
+                x = x + 1.0
+
+    names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops"]
+    print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads, {os.cpu_count()} CPUs, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"{'between steps':32s} {'step() only':>12s} {'whole loop':>12s}   (steps/s)")
+    for mode in (0, 1, 2, 0, 1, 2):
+        for i in range(20):
+            obs = envs.step(actions[i % 16])[0]
+        env_seconds = 0.0
+        start = time.perf_counter()
+        for i in range(args.steps):
+            between_steps(mode, obs)
+            t = time.perf_counter()
+            obs = envs.step(actions[i % 16])[0]
+            env_seconds += time.perf_counter() - t
+        total = time.perf_counter() - start
+        samples = args.steps * args.num_envs
+        print(f"{names[mode]:32s} {samples / env_seconds:12,.0f} {samples / total:12,.0f}", flush=True)
+    envs.close()
+
+
+if __name__ == "__main__":
+    main()
