@@ -128,6 +128,16 @@ def test_episodes_continue_across_windows():
     assert first.bootstrap_values[-1, 0].item() == 10.0 + 1  # V(obs 1 of episode 1), carried on next window
 
 
+def _envpool_has(env_id: str) -> bool:
+    try:
+        import envpool
+    except ImportError:
+        return False
+    return env_id in envpool.list_all_envs()
+
+
+# CI's envpool has Pendulum-v1; the GPU host's bundled build carries only the MuJoCo tasks.
+@pytest.mark.skipif(not _envpool_has("Pendulum-v1"), reason="this envpool build has no Pendulum-v1")
 def test_envpool_backend_follows_the_same_autoreset_rules():
     # Pendulum-v1 is cut by its 200-step limit: the collector must mark the truncation, take the
     # bootstrap from the final observation, and make the following reset step an invalid dummy.
