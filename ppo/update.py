@@ -83,6 +83,12 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
             # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
             if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
                 break
+    return update_result(total, count, epochs, buffer)
+
+
+def update_result(total: torch.Tensor, count: int, epochs: int, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
+    """What an update returns: each stat averaged over the `count` minibatches run (summed in
+    `total`), `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
     result = dict(zip(STAT_NAMES, total / max(count, 1), strict=True))
     result["explained_variance"] = explained_variance(buffer)
     result["epochs"] = torch.tensor(float(epochs))
@@ -195,7 +201,4 @@ class Updater:
             epochs += 1
             if settings.target_kl is not None and self.last_stats[3].item() > settings.target_kl:
                 break
-        result = dict(zip(STAT_NAMES, self.total / (epochs * settings.num_minibatches), strict=True))
-        result["explained_variance"] = explained_variance(buffer)
-        result["epochs"] = torch.tensor(float(epochs))
-        return result
+        return update_result(self.total, epochs * settings.num_minibatches, epochs, buffer)
