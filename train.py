@@ -38,7 +38,7 @@ from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler
-from ppo.update import Updater, make_optimizer, set_learning_rate
+from ppo.update import Updater, compiles, make_optimizer, set_learning_rate
 
 
 class NonFiniteLossError(RuntimeError):
@@ -120,8 +120,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
 
     if workers.is_main:
         write_run_info(run_dir, settings, device, workers.world_size)
+        fast_paths = [name for name, on in (("CUDA graphs", graphs), ("compiled loss", compiles(ppo, device))) if on]
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs x {workers.world_size} "
-              f"workers) on {device} for {settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
+              f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
+              f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):

@@ -1,5 +1,5 @@
 """Rollout storage on the run's device."""
 
-from buffers.rollout import Minibatch, RolloutBuffer
+from buffers.rollout import Minibatch, RolloutBuffer, SampleTable
 
-__all__ = ["Minibatch", "RolloutBuffer"]
+__all__ = ["Minibatch", "RolloutBuffer", "SampleTable"]

@@ -30,9 +30,32 @@ class Minibatch:
     returns: torch.Tensor
     weights: torch.Tensor
 
+
+class SampleTable:
+    """A flat batch packed as the columns of one `[num_samples, obs_dim + act_dim + 5]` tensor, so a
+    minibatch is one gather of rows instead of one per field (7 kernels -> 1 per optimiser step;
+    on a GPU each is a launch-bound kernel). Its fields are column views of the gathered rows."""
+
+    def __init__(self, num_samples: int, obs_dim: int, act_dim: int, device: torch.device):
+        self.widths = (obs_dim, act_dim, 1, 1, 1, 1, 1)  # in Minibatch's field order
+        self.data = torch.zeros(num_samples, sum(self.widths), dtype=torch.float32, device=device)
+
+    def fill(self, batch: Minibatch) -> SampleTable:
+        """Copy `batch` into the table, in place (its address stays fixed, for CUDA graphs)."""
+        for column, field in zip(self._columns(self.data), fields(batch), strict=True):
+            value = getattr(batch, field.name)
+            column.copy_(value.reshape(column.shape))
+        return self
+
     def select(self, index: torch.Tensor) -> Minibatch:
-        """The samples at `index` (a gather: new tensors)."""
-        return Minibatch(*(getattr(self, f.name).index_select(0, index) for f in fields(self)))
+        """The samples at `index`: one gather, then views."""
+        rows = self.data.index_select(0, index)
+        columns = self._columns(rows)
+        # Scalar fields are `[B]`, as the loss expects; observations and actions stay `[B, dim]`.
+        return Minibatch(columns[0], columns[1], *(column.squeeze(-1) for column in columns[2:]))
+
+    def _columns(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        return list(rows.split(self.widths, dim=1))
 
 
 class RolloutBuffer:
@@ -61,6 +84,7 @@ class RolloutBuffer:
         self.valid = torch.ones(shape, dtype=torch.bool, device=device)
         self.advantages = floats()
         self.returns = floats()
+        self.table = SampleTable(num_steps * num_envs, obs_dim, act_dim, device)
 
     def compute_advantages(self, gamma: float, lam: float) -> None:
         """GAE over the buffer, written into `advantages` and `returns` in place."""
@@ -80,10 +104,14 @@ class RolloutBuffer:
         mean and std of the valid samples only. Each pass draws a new permutation from `generator`
         (on the buffer's device), so a seeded run shuffles the same way every time.
         """
-        batch = self.flat_batch(normalize_advantages)
+        table = self.sample_table(normalize_advantages)
         for _ in range(epochs):
             for mb in self.shuffled_order(num_minibatches, generator):
-                yield batch.select(mb)
+                yield table.select(mb)
+
+    def sample_table(self, normalize_advantages: bool = True) -> SampleTable:
+        """`flat_batch` packed into the buffer's own `SampleTable` (refilled in place, same address)."""
+        return self.table.fill(self.flat_batch(normalize_advantages))
 
     def flat_batch(self, normalize_advantages: bool = True) -> Minibatch:
         """The whole buffer flattened to `[num_steps * num_envs, ...]` (CleanRL's `b_` tensors).

@@ -40,7 +40,7 @@ class PPOSettings:
     normalize_rewards: bool = True
     observation_clip: float = 10.0
     reward_clip: float = 10.0
-    compile: bool = False  # torch.compile the loss (and its backward); costs a compile at start
+    compile: bool | str = "auto"  # torch.compile the loss and its backward; auto: only on CUDA (see ppo.update)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
 
 
@@ -94,12 +94,16 @@ def _build(cls: type, values: dict[str, Any], prefix: str):
         if dataclasses.is_dataclass(default):
             kwargs[name] = _build(type(default), value, f"{prefix}{name}.")
         else:
-            kwargs[name] = _coerce(f"{prefix}{name}", value, default)
+            kwargs[name] = _coerce(f"{prefix}{name}", value, default, f.type)
     return cls(**kwargs)
 
 
-def _coerce(key: str, value: Any, default: Any) -> Any:
+def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
     """Check `value` against the type of the field's default, converting lists to tuples."""
+    if annotation == "bool | str":  # a switch: true, false, or auto (picks itself per device)
+        if not (isinstance(value, bool) or value == "auto"):
+            raise ConfigError(f"`{key}` must be true, false or auto, got {value!r}")
+        return value
     if value is None:
         if default is None:
             return None

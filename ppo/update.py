@@ -50,10 +50,17 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
 _compiled_loss = None
 
 
-def _loss_function(settings: PPOSettings):
+def compiles(settings: PPOSettings, device: torch.device) -> bool:
+    """Whether the loss runs torch.compile'd. `auto` means on CUDA only: there it cut the replayed
+    update ~2.6x for a one-off ~25 s compile (docs/benchmarks.md); on CPU the gain is smaller, the
+    compile needs a C++ compiler, and short runs and tests would pay it every time."""
+    return device.type == "cuda" if settings.compile == "auto" else bool(settings.compile)
+
+
+def _loss_function(settings: PPOSettings, device: torch.device):
     """`ppo_loss`, or its torch.compile'd twin (built once per process; shapes are fixed)."""
     global _compiled_loss
-    if not settings.compile:
+    if not compiles(settings, device):
         return ppo_loss
     if _compiled_loss is None:
         _compiled_loss = torch.compile(ppo_loss, dynamic=False)
@@ -67,7 +74,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
-    loss_function = _loss_function(settings)
+    loss_function = _loss_function(settings, buffer.device)
     parameters = list(agent.parameters())
     for index, mb in enumerate(minibatches):
         loss, stats = loss_function(agent, mb, settings)
@@ -133,10 +140,13 @@ class Updater:
 
     With `graphs`, the first call runs `ppo_update` on a side stream (a real update that also warms
     up autograd, cuBLAS and Adam's state, as CUDA graph capture requires), then captures one epoch:
-    every minibatch's gather, loss, backward, clipping and Adam step. Later calls draw each epoch's
-    permutation as `ppo_update` does, copy it into the graph's input and replay. Inputs the graph
-    reads stay at fixed addresses: the buffer's own tensors, and copies of the per-iteration
-    weights and normalised advantages.
+    every minibatch's gather, loss, backward, clipping and Adam step. Later calls refill the
+    buffer's `SampleTable` (same address), draw each epoch's permutation as `ppo_update` does, copy
+    it into the graph's input and replay.
+
+    Inside the graph, gradients are set to None before each backward, as in the eager loop: backward
+    then hands its fresh gradient tensors (from the graph's memory pool) to `.grad` instead of
+    adding them into kept ones, one elementwise kernel per parameter fewer per step.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, graphs: bool = False):
@@ -165,20 +175,17 @@ class Updater:
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
         self.buffer = buffer
-        batch = buffer.flat_batch(settings.norm_adv)
-        self.weights, self.advantages = batch.weights.clone(), batch.advantages.clone()
-        self.batch = Minibatch(batch.observations, batch.actions, batch.log_probs, batch.values,
-                               self.advantages, batch.returns, self.weights)
+        table = buffer.sample_table(settings.norm_adv)
         self.order = buffer.shuffled_order(settings.num_minibatches, torch.Generator(device).manual_seed(0))
         self.total = torch.zeros(len(STAT_NAMES), device=device)
         self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
-        loss_function = _loss_function(settings)
+        loss_function = _loss_function(settings, device)
         parameters = list(self.agent.parameters())
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             for index in range(settings.num_minibatches):
-                loss, stats = loss_function(self.agent, self.batch.select(self.order[index]), settings)
-                self.optimizer.zero_grad(set_to_none=False)  # the gradients keep their addresses
+                loss, stats = loss_function(self.agent, table.select(self.order[index]), settings)
+                self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
                 self.optimizer.step()
@@ -190,9 +197,7 @@ class Updater:
         if buffer is not self.buffer:
             raise ValueError("Updater: the CUDA graph was captured on another RolloutBuffer")
         settings = self.settings
-        batch = buffer.flat_batch(settings.norm_adv)
-        self.weights.copy_(batch.weights)
-        self.advantages.copy_(batch.advantages)
+        buffer.sample_table(settings.norm_adv)  # in place: the captured gathers read it
         self.total.zero_()
         epochs = 0
         for _ in range(settings.update_epochs):

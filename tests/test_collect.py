@@ -99,6 +99,21 @@ def test_dummy_steps_carry_zero_weight_in_the_minibatches():
     assert all(w == 0.0 for o, w in weighted if o == 3.0)  # obs 3 only ever appears at a dummy step
 
 
+def test_sample_table_gathers_every_field_as_the_buffer_holds_it():
+    # One gather of packed rows must give, field by field, the rows of the flat batch at `index`.
+    from tests.test_update import filled_buffer
+
+    buffer = filled_buffer(torch.device("cpu"), seed=1, num_steps=5, num_envs=7)
+    index = torch.randperm(35, generator=torch.Generator().manual_seed(2))[:11]
+    for normalize in (False, True):
+        flat = buffer.flat_batch(normalize)
+        mb = buffer.sample_table(normalize).select(index)
+        for name in ("observations", "actions", "log_probs", "values", "advantages", "returns", "weights"):
+            expected = getattr(flat, name).index_select(0, index)
+            assert getattr(mb, name).shape == expected.shape, name
+            assert torch.equal(getattr(mb, name), expected), name
+
+
 def test_advantage_normalisation_uses_valid_samples_only():
     buffer = collect_toy(8)
     buffer.compute_advantages(GAMMA, LAM)

@@ -46,7 +46,13 @@ def test_any_env_id_without_a_file():
     ("total_timesteps=abc", "`total_timesteps` must be an integer"),
     ("model.hidden_sizes=[]", "`model.hidden_sizes` must be a non-empty list"),
     ("+ppo.clip_cof=0.1", "unknown setting `ppo.clip_cof`"),
+    ("ppo.compile=yes", "`ppo.compile` must be true, false or auto, got 'yes'"),
 ])
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_settings(override)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
+def test_compile_takes_auto_or_a_boolean(value, expected):
+    assert compose_settings(f"ppo.compile={value}").ppo.compile == expected

@@ -52,7 +52,7 @@ def test_compiled_loss_matches_eager():
     mb.weights[5:] = 0
     eager_loss, eager_stats = ppo_loss(agent, mb, PPOSettings())
     settings = PPOSettings(compile=True)
-    compiled_loss, compiled_stats = update._loss_function(settings)(agent, mb, settings)
+    compiled_loss, compiled_stats = update._loss_function(settings, torch.device("cpu"))(agent, mb, settings)
     torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled_stats, eager_stats, rtol=1e-5, atol=1e-6)
 
@@ -102,11 +102,11 @@ def test_updater_without_graphs_is_ppo_update():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
-@pytest.mark.parametrize("target_kl", [None, 1e-4])
-def test_cuda_graph_updates_match_the_eager_loop(target_kl):
+@pytest.mark.parametrize("target_kl, compile", [(None, False), (1e-4, False), (None, True)])
+def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile):
     # Same seeds, same buffers, same annealed learning rates: replayed epochs must give the
     # parameters and statistics of the eager loop (the first update is eager in both).
-    settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl)
+    settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, compile=compile)
     cuda = torch.device("cuda")
     eager_params, eager_stats = run_updates(cuda, False, settings)
     graph_params, graph_stats = run_updates(cuda, True, settings)
@@ -129,3 +129,11 @@ def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     optimizer.param_groups[0].update(lr=rate, capturable=True)
     set_learning_rate(optimizer, 2e-4)
     assert optimizer.param_groups[0]["lr"] is rate and abs(float(rate) - 2e-4) < 1e-9  # filled in place
+
+
+def test_compile_auto_means_cuda_only():
+    from ppo.update import compiles
+
+    assert compiles(PPOSettings(), torch.device("cuda")) and not compiles(PPOSettings(), torch.device("cpu"))
+    assert compiles(PPOSettings(compile=True), torch.device("cpu"))
+    assert not compiles(PPOSettings(compile=False), torch.device("cuda"))
