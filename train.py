@@ -38,7 +38,7 @@ from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler
-from ppo.update import Updater, compiles, make_optimizer, set_learning_rate
+from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
 
 
 class NonFiniteLossError(RuntimeError):
@@ -94,7 +94,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
 
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
-    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
+    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std,
+                  settings.model.activation).to(device)
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
@@ -128,8 +129,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):
             iteration += 1
-            learning_rate = ppo.learning_rate * (1 - global_step / settings.total_timesteps if ppo.anneal_lr else 1)
-            set_learning_rate(optimizer, learning_rate)
+            if ppo.adaptive_lr_kl is None:  # else the updater adapts the rate after each epoch
+                set_learning_rate(optimizer, ppo.learning_rate * (1 - global_step / settings.total_timesteps
+                                                                  if ppo.anneal_lr else 1))
             env_s, inference_s = collector.env_seconds, collector.inference_seconds
             iteration_start = time.perf_counter()
 
@@ -143,6 +145,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             start = time.perf_counter()
             stats = updater(buffer, generator)
             update_s = synchronized_seconds(start, device)
+            stats["learning_rate"] = current_learning_rate(optimizer)  # after the update: adaptive rates move
 
             # One read of device scalars per iteration: episodes summed, losses averaged over workers.
             episodes, return_sum, length_sum = distributed.all_reduce_sum(collector.episodes.pop()).tolist()
@@ -161,7 +164,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                                              "charts/episodic_length": length_sum / episodes,
                                              "charts/episodes": episodes})
             logger.scalars(global_step, {
-                "charts/SPS": logger.sps(global_step), "charts/learning_rate": learning_rate,
+                "charts/SPS": logger.sps(global_step), "charts/learning_rate": values["learning_rate"],
                 **{f"losses/{n}": values[n] for n in ("policy_loss", "value_loss", "entropy", "approx_kl",
                                                       "old_approx_kl", "clipfrac", "explained_variance")},
                 "time/env": collector.env_seconds - env_s, "time/inference": collector.inference_seconds - inference_s,

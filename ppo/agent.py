@@ -1,4 +1,4 @@
-"""The actor-critic: separate tanh MLPs for the Gaussian policy mean and the value, a learned
+"""The actor-critic: separate MLPs (tanh by default) for the Gaussian policy mean and the value, a learned
 state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action)."""
 
 from __future__ import annotations
@@ -18,10 +18,14 @@ def _layer(in_features: int, out_features: int, gain: float = math.sqrt(2)) -> n
     return layer
 
 
-def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out_gain: float) -> nn.Sequential:
+ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
+
+
+def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out_gain: float,
+         activation: str) -> nn.Sequential:
     layers: list[nn.Module] = []
     for size in hidden_sizes:
-        layers += [_layer(in_features, size), nn.Tanh()]
+        layers += [_layer(in_features, size), ACTIVATIONS[activation]()]
         in_features = size
     layers.append(_layer(in_features, out_features, out_gain))
     return nn.Sequential(*layers)
@@ -30,10 +34,11 @@ def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out
 class Agent(nn.Module):
     """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0):
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0,
+                 activation: str = "tanh"):
         super().__init__()
-        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_gain=1.0)
-        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, out_gain=0.01)
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, 1.0, activation)
+        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, 0.01, activation)
         self.actor_log_std = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,9 @@ class PPOSettings:
     num_steps: int = 32  # steps per env per iteration; the batch is num_envs * num_steps
     learning_rate: float = 3e-4
     anneal_lr: bool = True
+    # rl_games' adaptive schedule when set: after each epoch the rate is divided by 1.5 if that
+    # epoch's mean approx KL exceeds twice this, multiplied by 1.5 below half of it; replaces anneal_lr
+    adaptive_lr_kl: float | None = None
     gamma: float = 0.99
     gae_lambda: float = 0.95
     num_minibatches: int = 32
@@ -48,6 +51,7 @@ class PPOSettings:
 class ModelSettings:
     hidden_sizes: tuple[int, ...] = (64, 64)
     init_log_std: float = 0.0
+    activation: str = "tanh"  # tanh | elu | relu
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,7 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
     elif isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"`{key}` must be an integer, got {value!r}")
-    elif isinstance(default, float) or (default is None and key.endswith("target_kl")):
+    elif isinstance(default, float) or (default is None and key.endswith(("target_kl", "adaptive_lr_kl"))):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{key}` must be a number, got {value!r}")
         return float(value)
@@ -154,6 +158,8 @@ def _validate(s: TrainSettings) -> None:
     positive("log_every_s", s.log_every_s)
     if s.ppo.target_kl is not None:
         positive("ppo.target_kl", s.ppo.target_kl)
+    if s.ppo.adaptive_lr_kl is not None:
+        positive("ppo.adaptive_lr_kl", s.ppo.adaptive_lr_kl)
     unit("ppo.gamma", s.ppo.gamma)
     unit("ppo.gae_lambda", s.ppo.gae_lambda)
     if s.ppo.ent_coef < 0 or s.ppo.vf_coef < 0:
@@ -169,6 +175,8 @@ def _validate(s: TrainSettings) -> None:
             f"`ppo.num_minibatches` ({s.ppo.num_minibatches}) must divide the batch, env.num_envs x ppo.num_steps "
             f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}"
         )
+    if s.model.activation not in ("tanh", "elu", "relu"):
+        raise ConfigError(f"`model.activation` must be tanh, elu or relu, got {s.model.activation!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
         raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
     if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):

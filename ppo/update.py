@@ -76,6 +76,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
     loss_function = _loss_function(settings, buffer.device)
     parameters = list(agent.parameters())
+    epoch_kl = torch.zeros((), device=buffer.device)
     for index, mb in enumerate(minibatches):
         loss, stats = loss_function(agent, mb, settings)
         optimizer.zero_grad(set_to_none=True)
@@ -84,9 +85,14 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
         nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
         optimizer.step()
         total += stats
+        epoch_kl += stats[3]
         count += 1
         if (index + 1) % settings.num_minibatches == 0:  # an epoch ends
             epochs += 1
+            if settings.adaptive_lr_kl is not None:  # workers agree on the KL, so on the rate
+                adapt_learning_rate(optimizer, distributed.mean_over_workers(epoch_kl / settings.num_minibatches),
+                                    settings.adaptive_lr_kl)
+            epoch_kl.zero_()
             # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
             if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
                 break
@@ -100,6 +106,12 @@ def update_result(total: torch.Tensor, count: int, epochs: int, buffer: RolloutB
     result["explained_variance"] = explained_variance(buffer)
     result["epochs"] = torch.tensor(float(epochs))
     return result
+
+
+def current_learning_rate(optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The first group's rate as a detached tensor (a copy: a captured graph may change the original)."""
+    lr = optimizer.param_groups[0]["lr"]
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else torch.tensor(float(lr))
 
 
 def explained_variance(buffer: RolloutBuffer) -> torch.Tensor:
@@ -133,6 +145,27 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) ->
             group["lr"].fill_(learning_rate)
         else:
             group["lr"] = learning_rate
+
+
+MIN_ADAPTIVE_LR, MAX_ADAPTIVE_LR = 1e-6, 1e-2  # rl_games' AdaptiveScheduler bounds
+
+
+def adapt_learning_rate(optimizer: torch.optim.Optimizer, kl: torch.Tensor, threshold: float) -> None:
+    """rl_games' adaptive rule: the rate / 1.5 when `kl` > 2 x `threshold`, x 1.5 when `kl` <
+    `threshold` / 2, kept within [1e-6, 1e-2]. A capturable optimizer's tensor rate changes on the
+    device (no host sync; a CUDA graph can capture it); a float rate reads `kl` on the host."""
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            lowered = (lr / 1.5).clamp(min=MIN_ADAPTIVE_LR)
+            raised = (lr * 1.5).clamp(max=MAX_ADAPTIVE_LR)
+            lr.copy_(torch.where(kl > 2 * threshold, lowered, torch.where(kl < threshold / 2, raised, lr)))
+        else:
+            value = float(kl)
+            if value > 2 * threshold:
+                group["lr"] = max(lr / 1.5, MIN_ADAPTIVE_LR)
+            elif value < threshold / 2:
+                group["lr"] = min(lr * 1.5, MAX_ADAPTIVE_LR)
 
 
 class Updater:
@@ -179,6 +212,7 @@ class Updater:
         self.order = buffer.shuffled_order(settings.num_minibatches, torch.Generator(device).manual_seed(0))
         self.total = torch.zeros(len(STAT_NAMES), device=device)
         self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
+        self.epoch_kl = epoch_kl = torch.zeros((), device=device)  # kept: the graph reads and writes it
         loss_function = _loss_function(settings, device)
         parameters = list(self.agent.parameters())
         self.graph = torch.cuda.CUDAGraph()
@@ -190,7 +224,11 @@ class Updater:
                 nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
                 self.optimizer.step()
                 self.total += stats
+                epoch_kl += stats[3]
             self.last_stats.copy_(stats)
+            if settings.adaptive_lr_kl is not None:
+                adapt_learning_rate(self.optimizer, epoch_kl / settings.num_minibatches, settings.adaptive_lr_kl)
+            epoch_kl.zero_()
         return result
 
     def _replay(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:

@@ -32,7 +32,8 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     env_settings = settings.env if num_envs is None else type(settings.env)(**{**vars(settings.env),
                                                                                "num_envs": num_envs})
     envs = make_envs(env_settings, device, seed)
-    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std).to(device)
+    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std,
+                  settings.model.activation).to(device)
     agent.load_state_dict(checkpoint["agent"])
     normalizer = ObservationNormalizer(envs.obs_dim, device, settings.ppo.observation_clip,
                                        settings.ppo.normalize_observations)
