@@ -72,7 +72,22 @@ def load_run(path: Path) -> Run | None:
     return Run(path=path, task=info["env_id"], budget=budget, seed=info["seed"], hardware=info["hardware"],
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
-               final_step=sps[-1].step, wall_clock_s=sps[-1].wall_time - sps[0].wall_time)
+               final_step=sps[-1].step, wall_clock_s=_wall_clock_s(path))
+
+
+def _wall_clock_s(path: Path) -> float:
+    """From the first to the last logged iteration, per TensorBoard events file, summed: a resumed
+    run (one file per process) counts the time it trained, not the time between its processes."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    total = 0.0
+    for file in sorted(path.glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(file), size_guidance={"scalars": 0})
+        events.Reload()
+        if "charts/SPS" in events.Tags()["scalars"]:
+            sps = events.Scalars("charts/SPS")
+            total += sps[-1].wall_time - sps[0].wall_time
+    return total
 
 
 def _budget(path: Path) -> int | None:

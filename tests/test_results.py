@@ -51,6 +51,23 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
 
 
+def test_a_resumed_run_counts_its_training_time_not_the_pause(tmp_path):
+    # Two processes, 1000 s apart, each logging 5 iterations 10 s apart: 80 s of training.
+    path = tmp_path / "runs" / "ant"
+    fake_run(path, "Ant-v4", 1, 100.0)
+    for file in path.glob("events.out.tfevents.*"):
+        file.unlink()
+    for start, first_iteration in ((0.0, 1), (1000.0, 6)):
+        writer = SummaryWriter(str(path), filename_suffix=f".part{first_iteration}")
+        for i in range(5):
+            step = (first_iteration + i) * 1000
+            writer.add_scalar("charts/episodic_return", 100.0, step, walltime=start + 10 * i)
+            writer.add_scalar("charts/SPS", 100.0, step, walltime=start + 10 * i)
+        writer.close()
+    run = summarize_results.load_run(path)
+    assert run.final_step == 10_000 and run.wall_clock_s == pytest.approx(80.0)
+
+
 def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
     result = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--dry-run"], cwd=ROOT,
                             capture_output=True, text=True, check=True)

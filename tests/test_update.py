@@ -71,7 +71,7 @@ def filled_buffer(device: torch.device, seed: int, num_steps: int = 8, num_envs:
 
 def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tuple[list, list]:
     """Three updates on changing buffer contents and learning rates; parameters and stats after each."""
-    from ppo.update import Updater, make_optimizer, set_learning_rate
+    from ppo.update import Updater, current_learning_rate, make_optimizer, set_learning_rate
 
     torch.manual_seed(0)
     agent = Agent(5, 2).to(device)
@@ -84,8 +84,10 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
         fresh = filled_buffer(device, iteration)
         for name in ("observations", "actions", "log_probs", "values", "advantages", "returns", "valid"):
             getattr(buffer, name).copy_(getattr(fresh, name))
-        set_learning_rate(optimizer, 1e-2 / (iteration + 1))  # annealing must reach a captured step
+        if settings.adaptive_lr_kl is None:
+            set_learning_rate(optimizer, 1e-2 / (iteration + 1))  # annealing must reach a captured step
         result = updater(buffer, generator)
+        result["learning_rate"] = current_learning_rate(optimizer)
         stats.append(torch.stack([result[k].float().cpu() for k in sorted(result)]))
         parameters.append([p.detach().cpu().clone() for p in agent.parameters()])
     return parameters, stats
@@ -102,11 +104,13 @@ def test_updater_without_graphs_is_ppo_update():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
-@pytest.mark.parametrize("target_kl, compile", [(None, False), (1e-4, False), (None, True)])
-def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile):
+@pytest.mark.parametrize("target_kl, compile, adaptive_lr_kl",
+                         [(None, False, None), (1e-4, False, None), (None, True, None), (None, False, 1e-3)])
+def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile, adaptive_lr_kl):
     # Same seeds, same buffers, same annealed learning rates: replayed epochs must give the
     # parameters and statistics of the eager loop (the first update is eager in both).
-    settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, compile=compile)
+    settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, compile=compile,
+                           adaptive_lr_kl=adaptive_lr_kl)
     cuda = torch.device("cuda")
     eager_params, eager_stats = run_updates(cuda, False, settings)
     graph_params, graph_stats = run_updates(cuda, True, settings)
@@ -137,3 +141,40 @@ def test_compile_auto_means_cuda_only():
     assert compiles(PPOSettings(), torch.device("cuda")) and not compiles(PPOSettings(), torch.device("cpu"))
     assert compiles(PPOSettings(compile=True), torch.device("cpu"))
     assert not compiles(PPOSettings(compile=False), torch.device("cuda"))
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+@pytest.mark.parametrize("kl, expected", [(0.05, 1e-3 / 1.5), (0.001, 1.5e-3), (0.01, 1e-3)])
+def test_adaptive_learning_rate_follows_the_kl(capturable, kl, expected):
+    # threshold 0.01: above 0.02 the rate drops by 1.5, below 0.005 it rises by 1.5, else it stays.
+    from ppo.update import adapt_learning_rate, current_learning_rate
+
+    agent = Agent(5, 2)
+    lr = torch.tensor(1e-3) if capturable else 1e-3
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, capturable=capturable)
+    adapt_learning_rate(optimizer, torch.tensor(kl), threshold=0.01)
+    assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor) == capturable
+    assert current_learning_rate(optimizer).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_adaptive_learning_rate_stays_within_rl_games_bounds():
+    from ppo.update import MAX_ADAPTIVE_LR, MIN_ADAPTIVE_LR, adapt_learning_rate
+
+    optimizer = torch.optim.Adam(Agent(5, 2).parameters(), lr=MAX_ADAPTIVE_LR)
+    adapt_learning_rate(optimizer, torch.tensor(0.0), threshold=0.01)
+    assert optimizer.param_groups[0]["lr"] == MAX_ADAPTIVE_LR
+    optimizer.param_groups[0]["lr"] = MIN_ADAPTIVE_LR
+    adapt_learning_rate(optimizer, torch.tensor(1.0), threshold=0.01)
+    assert optimizer.param_groups[0]["lr"] == MIN_ADAPTIVE_LR
+
+
+def test_adaptive_rate_moves_in_the_eager_update():
+    # With a tiny threshold every epoch's KL is too large: three epochs divide the rate by 1.5 ** 3.
+    from ppo.update import current_learning_rate, make_optimizer, ppo_update
+
+    settings = PPOSettings(num_minibatches=4, update_epochs=3, adaptive_lr_kl=1e-9, learning_rate=1e-2)
+    torch.manual_seed(0)
+    agent = Agent(5, 2)
+    optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
+    ppo_update(agent, optimizer, filled_buffer(torch.device("cpu"), 0), settings, torch.Generator().manual_seed(0))
+    assert current_learning_rate(optimizer).item() == pytest.approx(1e-2 / 1.5**3)
