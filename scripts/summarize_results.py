@@ -5,8 +5,10 @@
 A run is a folder with `run_info.json` (written by train.py) and TensorBoard events. Per run, the
 score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
 from the end, from `charts/episodic_return` weighted by `charts/episodes`). Rows group runs by task
-and step budget: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock
-and SPS averaged over seeds (wall-clock: from the first to the last logged iteration), and where they ran.
+and step budget, where a run launched with a Hydra experiment (`+experiment=ant_10m`) counts as its
+own task, `Ant-v4+ant_10m`, so runs of different configurations never pool as seeds. Per row:
+`mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock and SPS averaged over
+seeds (wall-clock: from the first to the last logged iteration of each process), and where they ran.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def load_run(path: Path) -> Run | None:
     episodes = {e.step: e.value for e in events.Scalars("charts/episodes")} if "charts/episodes" in tags else {}
     sps = events.Scalars("charts/SPS")
     budget = _budget(path) or sps[-1].step
-    return Run(path=path, task=info["env_id"], budget=budget, seed=info["seed"], hardware=info["hardware"],
+    experiment = _experiment(path)
+    task = f"{info['env_id']}+{experiment}" if experiment else info["env_id"]
+    return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=info["hardware"],
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
                final_step=sps[-1].step, wall_clock_s=_wall_clock_s(path))
@@ -88,6 +92,22 @@ def _wall_clock_s(path: Path) -> float:
             sps = events.Scalars("charts/SPS")
             total += sps[-1].wall_time - sps[0].wall_time
     return total
+
+
+def _experiment(path: Path) -> str | None:
+    """The `experiment=` override the run was launched with (`.hydra/overrides.yaml`), if any."""
+    overrides = path / ".hydra" / "overrides.yaml"
+    if overrides.is_file():
+        for line in overrides.read_text().splitlines():
+            key, _, value = line.strip().lstrip("- ").lstrip("+").partition("=")
+            if key == "experiment":
+                return value.strip().strip("'\"")
+    return None
+
+
+def reference(task: str, steps: int) -> tuple[float, str] | None:
+    """The public result drawn beside a task; an experiment's runs compare against their env's."""
+    return REFERENCES.get((task.split("+")[0], steps))
 
 
 def _budget(path: Path) -> int | None:
@@ -153,8 +173,8 @@ def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(grid, curves.mean(axis=0), label=f"ppo-triton, mean of {len(group)} seeds")
     ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), alpha=0.25, label="min-max over seeds")
-    if (task, budget) in REFERENCES:
-        value, source = REFERENCES[(task, budget)]
+    if reference(task, budget):
+        value, source = reference(task, budget)
         ax.axhline(value, color="black", linestyle="--", label=f"{source}: {value}")
     ax.set(title=f"{task}, {budget:,} steps", xlabel="environment steps", ylabel="episodic return")
     ax.legend(loc="lower right", fontsize=8)
@@ -172,8 +192,8 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
              "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
              "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in rows:
-        reference = REFERENCES.get((row["task"], row["steps"]))
-        ref = f"{reference[0]} ({reference[1]})" if reference else "-"
+        public = reference(row["task"], row["steps"])
+        ref = f"{public[0]} ({public[1]})" if public else "-"
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
                      f"{row['wall_clock_s']:,} | {row['sps']:,} | {row['hardware']} |")
     lines.append("")

@@ -14,12 +14,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 summarize_results = pytest.importorskip("summarize_results")
 
 
-def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000) -> None:
+def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000,
+             overrides: tuple[str, ...] = ()) -> None:
     """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
     path.mkdir(parents=True)
     (path / "run_info.json").write_text(json.dumps({"env_id": task, "seed": seed, "hardware": "test box"}))
     (path / ".hydra").mkdir()
     (path / ".hydra" / "config.yaml").write_text(f"seed: {seed}\ntotal_timesteps: {budget}\n")
+    (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in (*overrides, f"seed={seed}")))
     writer = SummaryWriter(str(path))
     for i in range(1, 11):
         step = i * 1000
@@ -51,6 +53,17 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
 
 
+def test_runs_of_an_experiment_are_their_own_row(tmp_path):
+    # Same env and budget, different configurations: never pooled as seeds of one row.
+    fake_run(tmp_path / "runs" / "default", "Ant-v4", 1, 100.0)
+    fake_run(tmp_path / "runs" / "tuned", "Ant-v4", 1, 300.0, overrides=("+experiment=ant_10m", "device=cuda"))
+    rows = {r["task"]: r for r in summarize_results.summarize(summarize_results.find_runs([tmp_path / "runs"]))}
+    assert set(rows) == {"Ant-v4", "Ant-v4+ant_10m"}
+    assert rows["Ant-v4"]["mean"] == pytest.approx(80.0) and rows["Ant-v4+ant_10m"]["mean"] == pytest.approx(240.0)
+    assert summarize_results.reference("Ant-v4+ant_10m", 10_000_000) == summarize_results.REFERENCES[
+        ("Ant-v4", 10_000_000)]
+
+
 def test_a_resumed_run_counts_its_training_time_not_the_pause(tmp_path):
     # Two processes, 1000 s apart, each logging 5 iterations 10 s apart: 80 s of training.
     path = tmp_path / "runs" / "ant"
@@ -74,5 +87,5 @@ def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
     lines = result.stdout.splitlines()
     assert "env=HalfCheetah-v4,Hopper-v4,Walker2d-v4,Ant-v4,Humanoid-v4,InvertedPendulum-v4" in lines[0]
     assert "seed=1,2,3" in lines[0] and "total_timesteps=1000000" in lines[0]
-    assert "env=Ant-v4" in lines[1] and "total_timesteps=10000000" in lines[1]
+    assert "env=Ant-v4" in lines[1] and "+experiment=ant_10m" in lines[1] and "total_timesteps" not in lines[1]
     assert "summarize_results.py" in lines[2]
