@@ -125,6 +125,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs x {workers.world_size} "
               f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
               f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
+        if fast_paths:  # the first progress line comes only after this
+            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off; ~30 s with the "
+                  "compiled loss on the lent H200 host)", flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):
