@@ -76,7 +76,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
     loss_function = _loss_function(settings, buffer.device)
     parameters = list(agent.parameters())
-    epoch_kl = torch.zeros((), device=buffer.device)
+    adaptive = settings.adaptive_lr_kl is not None
+    epoch_kl = torch.zeros((), device=buffer.device)  # summed only for the adaptive rate (off the hot path otherwise)
     for index, mb in enumerate(minibatches):
         loss, stats = loss_function(agent, mb, settings)
         optimizer.zero_grad(set_to_none=True)
@@ -85,14 +86,15 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
         nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
         optimizer.step()
         total += stats
-        epoch_kl += stats[3]
+        if adaptive:
+            epoch_kl += stats[3]
         count += 1
         if (index + 1) % settings.num_minibatches == 0:  # an epoch ends
             epochs += 1
-            if settings.adaptive_lr_kl is not None:  # workers agree on the KL, so on the rate
+            if adaptive:  # workers agree on the KL, so on the rate
                 adapt_learning_rate(optimizer, distributed.mean_over_workers(epoch_kl / settings.num_minibatches),
                                     settings.adaptive_lr_kl)
-            epoch_kl.zero_()
+                epoch_kl.zero_()
             # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
             if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
                 break
@@ -224,11 +226,12 @@ class Updater:
                 nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
                 self.optimizer.step()
                 self.total += stats
-                epoch_kl += stats[3]
+                if settings.adaptive_lr_kl is not None:
+                    epoch_kl += stats[3]
             self.last_stats.copy_(stats)
             if settings.adaptive_lr_kl is not None:
                 adapt_learning_rate(self.optimizer, epoch_kl / settings.num_minibatches, settings.adaptive_lr_kl)
-            epoch_kl.zero_()
+                epoch_kl.zero_()
         return result
 
     def _replay(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
