@@ -126,8 +126,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
               f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
               f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
-            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off; ~30 s with the "
-                  "compiled loss on the lent H200 host)", flush=True)
+            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off; a compile takes "
+                  "~25 s on the lent H200 host, ~16 s on a 2-core CPU)", flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):
