@@ -103,7 +103,8 @@ def _build(cls: type, values: dict[str, Any], prefix: str):
 
 
 def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
-    """Check `value` against the type of the field's default, converting lists to tuples."""
+    """Check `value` against the field's type (its default's, or `annotation` where the default is
+    None or a switch), converting lists to tuples."""
     if annotation == "bool | str":  # a switch: true, false, or auto (picks itself per device)
         if not (isinstance(value, bool) or value == "auto"):
             raise ConfigError(f"`{key}` must be true, false or auto, got {value!r}")
@@ -118,7 +119,7 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
     elif isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"`{key}` must be an integer, got {value!r}")
-    elif isinstance(default, float) or (default is None and key.endswith(("target_kl", "adaptive_lr_kl"))):
+    elif isinstance(default, float) or annotation == "float | None":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{key}` must be a number, got {value!r}")
         return float(value)
