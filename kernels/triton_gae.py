@@ -127,7 +127,8 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
 
     Publishes this chunk's composed map first and its start advantage last (see kernels/README.md).
     State: [ticket counter, pad, then three arrays of `num_programs * BLOCK_N` words, one word per
-    (padded row, chunk): aggregate alphas, aggregate betas, inclusive values]. Every word is a float
+    (chunk, padded row), chunk-major so that a tile's rows publish to neighbouring words: aggregate
+    alphas, aggregate betas, inclusive values]. Every word is a float
     in its low half and the call's epoch in its high half: a word is ready when it carries this
     call's epoch, so the buffer is reused across calls without zeroing.
     """
@@ -136,13 +137,14 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
     agg_beta_ptr = agg_alpha_ptr + words
     inclusive_ptr = agg_beta_ptr + words
     tag = epoch.to(tl.int64) << 32
-    word = rows * num_chunks  # [BLOCK_N]
+    padded_rows = words // num_chunks
+    own = chunk * padded_rows + rows  # this chunk's words
     agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
     agg_beta = _first_column(beta, BLOCK_T)
     carry = tl.zeros([BLOCK_N], dtype=tl.float32)  # the last chunk's carry: A_T = 0
     if chunk < num_chunks - 1:
-        tl.atomic_xchg(agg_alpha_ptr + word + chunk, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
-        tl.atomic_xchg(agg_beta_ptr + word + chunk, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
+        tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
+        tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
         # Walk later chunks: compose their maps until one knows its start advantage, a done flag
         # cuts the chain (beta == 0), or the row ends.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -150,9 +152,9 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
         pending = row_ok
         j = tl.full([BLOCK_N], 0, dtype=tl.int64) + chunk + 1
         while tl.max(pending.to(tl.int32), axis=0) > 0:
-            inclusive = tl.load(inclusive_ptr + word + j, mask=pending, other=0, volatile=True)
-            later_alpha = tl.load(agg_alpha_ptr + word + j, mask=pending, other=0, volatile=True)
-            later_beta = tl.load(agg_beta_ptr + word + j, mask=pending, other=0, volatile=True)
+            inclusive = tl.load(inclusive_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
+            later_alpha = tl.load(agg_alpha_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
+            later_beta = tl.load(agg_beta_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
             has_inclusive = pending & ((inclusive >> 32) == epoch)
             # The two halves of an aggregate are written separately: use it once both are there.
             has_aggregate = pending & ~has_inclusive & ((later_alpha >> 32) == epoch) & ((later_beta >> 32) == epoch)
@@ -163,8 +165,7 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
             resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
             carry = tl.where(resolved, acc_alpha, carry)
             pending = pending & ~has_inclusive & ~resolved
-    tl.atomic_xchg(inclusive_ptr + word + chunk, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
-                   sem="relaxed")
+    tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok, sem="relaxed")
     return carry
 
 

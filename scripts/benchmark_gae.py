@@ -36,6 +36,8 @@ from kernels import compute_gae  # noqa: E402
 DEFAULT_SHAPES = ["1x2048", "64x256", "4096x32", "4096x128", "1024x1024", "16384x1024",
                   "16x65536", "4x131072", "1x1048576", "16x1048576"]
 BYTES_PER_ELEMENT = 22
+SWEEP_CONFIGS = ["default", "1x1024/4", "1x2048/8", "2x512/4", "128x8/1", "64x16/1", "32x32/1", "16x64/1", "8x128/1",
+                 "32x64/2", "16x256/4"]
 GAMMA, LAM = 0.99, 0.95
 
 
@@ -161,8 +163,15 @@ def make_vectorised_gae(combine):
     return vectorised_gae
 
 
-def reference_check(x: dict[str, torch.Tensor]) -> float:
+def reference_check(x: dict[str, torch.Tensor], expected: np.ndarray | None = None) -> float:
     """Max |ours - float64 numpy loop| for rows of any length (used on the long-row shapes)."""
+    if expected is None:
+        expected = reference_advantages(x)
+    return float(np.abs(expected - x["advantages"].double().cpu().numpy()).max())
+
+
+def reference_advantages(x: dict[str, torch.Tensor]) -> np.ndarray:
+    """GAE advantages `[N, T]` by a float64 numpy loop over time."""
     r, v, b = (x[k].double().cpu().numpy() for k in ("rewards", "values", "bootstrap_values"))
     term, trunc = x["terminateds"].cpu().numpy(), x["truncateds"].cpu().numpy()
     next_v = np.concatenate([v[:, 1:], b[:, -1:]], axis=1)
@@ -175,7 +184,7 @@ def reference_check(x: dict[str, torch.Tensor]) -> float:
     for t in range(delta.shape[0] - 1, -1, -1):
         acc = delta[t] + beta[t] * acc
         adv[t] = acc
-    return float(np.abs(adv.T - x["advantages"].double().cpu().numpy()).max())
+    return adv.T
 
 
 def main() -> None:
@@ -188,6 +197,8 @@ def main() -> None:
     parser.add_argument("--check-max-elements", type=int, default=1 << 24, help="float64 check up to N*T")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
+    parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
+                        help="--sweep tiles as NxT/WARPS, or 'default' (the plan's choice)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
@@ -231,13 +242,12 @@ def main() -> None:
 
 
 def sweep_tiles(args) -> None:
-    """Device time of the kernel for each tile and warp count, with the copy of the same bytes."""
+    """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
+    A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 is marked '!'."""
     from kernels.triton_gae import launch_gae
 
-    # (block_n, block_t, warps); None: the plan's choice
-    configs = [(None, None, None), (1, 1024, 4), (2, 512, 4), (128, 8, 1), (64, 16, 1), (32, 32, 1), (16, 64, 1),
-               (8, 128, 1), (32, 64, 2), (16, 256, 4), (32, 32, 4)]
-    labels = ["default" if n is None else f"{n}x{t}/{w}" for n, t, w in configs]
+    configs = [parse_tile(label) for label in args.configs]
+    labels = args.configs
     print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
           "copy = the same bytes copied")
     print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
@@ -250,18 +260,30 @@ def sweep_tiles(args) -> None:
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
             copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
-            times = []
-            for block_n, block_t, num_warps in configs:
-                block = None if block_n is None else (block_n, block_t)
+            expected = reference_advantages(x)
+            cells = []
+            for block, num_warps in configs:
 
                 def run(x=x, block=block, num_warps=num_warps):
                     launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
                                None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block)
 
-                times.append(queued_time_us(run, calls))
-            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(f"{t:9.2f}" for t in times), flush=True)
+                x["advantages"].fill_(float("nan"))
+                run()
+                wrong = not reference_check(x, expected) < 1e-3  # NaN counts as wrong
+                cells.append(f"{queued_time_us(run, calls):8.2f}{'!' if wrong else ' '}")
+            print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(cells), flush=True)
             del x, src, dst
             torch.cuda.empty_cache()
+
+
+def parse_tile(label: str) -> tuple[tuple[int, int] | None, int | None]:
+    """'NxT/WARPS' -> ((N, T), WARPS); 'default' -> (None, None), the plan's choice."""
+    if label == "default":
+        return None, None
+    tile, warps = label.split("/")
+    block_n, block_t = (int(v) for v in tile.split("x"))
+    return (block_n, block_t), int(warps)
 
 
 def _elements(spec: str) -> int:
