@@ -43,6 +43,53 @@ def test_dummy_samples_do_not_change_the_loss_or_its_gradient():
         torch.testing.assert_close(a, b)
 
 
+def cleanrl_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """CleanRL's ppo_continuous_action loss and diagnostics, written as it writes them (a Normal
+    distribution, plain means), over the valid samples only: the reference for `ppo_loss`."""
+    keep = mb.weights > 0
+    obs, actions = mb.observations[keep], mb.actions[keep]
+    mean = agent.actor_mean(obs)
+    dist = torch.distributions.Normal(mean, agent.actor_log_std.expand_as(mean).exp())
+    new_log_prob, entropy = dist.log_prob(actions).sum(1), dist.entropy().sum(1)
+    new_value = agent.critic(obs).view(-1)
+    log_ratio = new_log_prob - mb.log_probs[keep]
+    ratio = log_ratio.exp()
+    adv, values, returns = mb.advantages[keep], mb.values[keep], mb.returns[keep]
+    pg_loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - settings.clip_coef, 1 + settings.clip_coef)).mean()
+    v_unclipped = (new_value - returns) ** 2
+    v_clipped = (values + torch.clamp(new_value - values, -settings.clip_coef, settings.clip_coef) - returns) ** 2
+    v_loss = 0.5 * (torch.max(v_unclipped, v_clipped).mean() if settings.clip_vloss else v_unclipped.mean())
+    entropy_loss = entropy.mean()
+    loss = pg_loss - settings.ent_coef * entropy_loss + v_loss * settings.vf_coef
+    with torch.no_grad():
+        stats = torch.stack([pg_loss, v_loss, entropy_loss, ((ratio - 1) - log_ratio).mean(),
+                             ((ratio - 1.0).abs() > settings.clip_coef).float().mean(), (-log_ratio).mean()])
+    return loss, stats
+
+
+@pytest.mark.parametrize("clip_vloss", [True, False])
+def test_loss_and_gradient_match_cleanrl(clip_vloss):
+    torch.manual_seed(4)
+    agent = Agent(5, 2, init_log_std=-0.3)
+    settings = PPOSettings(ent_coef=0.01, vf_coef=0.7, clip_coef=0.15, clip_vloss=clip_vloss)
+    mb = random_minibatch(37, seed=5)
+    mb.log_probs += 0.3 * torch.randn(37)  # ratios on both sides of the clip range
+    mb.weights[[3, 17, 30]] = 0  # a few dummy samples, which both must ignore
+
+    def loss_and_grad(loss_fn):
+        agent.zero_grad()
+        loss, stats = loss_fn(agent, mb, settings)
+        loss.backward()
+        return loss.detach(), stats, [p.grad.clone() for p in agent.parameters()]
+
+    ours, reference = loss_and_grad(ppo_loss), loss_and_grad(cleanrl_loss)
+    assert 0 < reference[1][4] < 1, "some ratios must be clipped and some not"
+    torch.testing.assert_close(ours[0], reference[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours[1], reference[1], rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours[2], reference[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_compiled_loss_matches_eager():
     from ppo import update
 
