@@ -24,13 +24,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.triton_gae import launch_gae, plan  # noqa: E402
+from kernels.triton_gae import _compose, launch_gae, plan  # noqa: E402
 from scripts.benchmark_gae import BYTES_PER_ELEMENT, GAMMA, LAM, make_inputs, queued_time_us  # noqa: E402
-
-
-@triton.jit
-def _combine(alpha_later, beta_later, alpha, beta):
-    return alpha + beta * alpha_later, beta * beta_later
 
 
 @triton.jit
@@ -50,7 +45,7 @@ def _traffic_kernel(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bo
     done = done | (tl.load(truncateds_ptr + at, mask=mask, other=0) != 0)
     beta = tl.where(done, 0.0, 0.94)
     if SCAN:
-        x, beta = tl.associative_scan((x, beta), 1, _combine, reverse=True)
+        x, beta = tl.associative_scan((x, beta), 1, _compose, reverse=True)  # the kernel's own operator
     tl.store(out_a_ptr + at, x, mask=mask)
     tl.store(out_b_ptr + at, x * beta, mask=mask)
 
