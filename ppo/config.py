@@ -176,8 +176,10 @@ def _validate(s: TrainSettings) -> None:
             f"`ppo.num_minibatches` ({s.ppo.num_minibatches}) must divide the batch, env.num_envs x ppo.num_steps "
             f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}"
         )
-    if s.model.activation not in ("tanh", "elu", "relu"):
-        raise ConfigError(f"`model.activation` must be tanh, elu or relu, got {s.model.activation!r}")
+    from ppo.agent import ACTIVATIONS  # the one list of names (imported here: this module stays torch-free)
+
+    if s.model.activation not in ACTIVATIONS:
+        raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
         raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
     if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):

@@ -47,6 +47,7 @@ def test_any_env_id_without_a_file():
     ("model.hidden_sizes=[]", "`model.hidden_sizes` must be a non-empty list"),
     ("+ppo.clip_cof=0.1", "unknown setting `ppo.clip_cof`"),
     ("ppo.compile=yes", "`ppo.compile` must be true, false or auto, got 'yes'"),
+    ("model.activation=gelu", "`model.activation` must be one of tanh, elu, relu, got 'gelu'"),
 ])
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
