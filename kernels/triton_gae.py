@@ -28,10 +28,11 @@ BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
 MAX_BLOCK_T = 1 << 16
 # Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
 # tiles take whole rows up to 1024 steps. Time-major tiles run on one warp (the scan stays inside
-# it): 8 envs x 128 steps, or 32 x 32 from 8192 envs up, where the wider lines measured faster.
+# it): 8 envs x 128 steps, or 32 x 32 from 1024 envs up when rows are longer than 128 steps (they
+# are chunked either way, and 128-byte lines across 32 envs measured faster than 32-byte ones).
 TILE_ELEMENTS = 1024
 TIME_MAJOR_BLOCK_N = 8
-TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N = 8192, 32
+TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N = 1024, 32
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -122,18 +123,21 @@ def _tile_scan(
 
 @triton.jit
 def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N: tl.constexpr,
-               BLOCK_T: tl.constexpr):
+               BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
     Publishes this chunk's composed map first and its start advantage last (see kernels/README.md).
-    State: [ticket counter, pad, then three arrays of `num_programs * BLOCK_N` words, one word per
-    (chunk, padded row), chunk-major so that a tile's rows publish to neighbouring words: aggregate
-    alphas, aggregate betas, inclusive values]. Every word is a float
+    State: three arrays of `num_programs * BLOCK_N` words, one word per (chunk, padded row),
+    chunk-major so that a tile's rows publish to neighbouring words: aggregate alphas, aggregate
+    betas, inclusive values. Every word is a float
     in its low half and the call's epoch in its high half: a word is ready when it carries this
     call's epoch, so the buffer is reused across calls without zeroing.
+
+    Each round reads the words of `WINDOW` later chunks at once and composes the ready ones in order,
+    so a walk over `k` chunks costs about `k / WINDOW` trips to L2 instead of `k`.
     """
     words = tl.num_programs(0) * BLOCK_N
-    agg_alpha_ptr = state_ptr + 2
+    agg_alpha_ptr = state_ptr
     agg_beta_ptr = agg_alpha_ptr + words
     inclusive_ptr = agg_beta_ptr + words
     tag = epoch.to(tl.int64) << 32
@@ -146,30 +150,51 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
         tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
         tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
         # Walk later chunks: compose their maps until one knows its start advantage, a done flag
-        # cuts the chain (beta == 0), or the row ends.
+        # cuts the chain (beta == 0), or the row ends. `j` is each row's next unread chunk.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_beta = tl.full([BLOCK_N], 1.0, dtype=tl.float32)
         pending = row_ok
         j = tl.full([BLOCK_N], 0, dtype=tl.int64) + chunk + 1
         while tl.max(pending.to(tl.int32), axis=0) > 0:
-            inclusive = tl.load(inclusive_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
-            later_alpha = tl.load(agg_alpha_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
-            later_beta = tl.load(agg_beta_ptr + j * padded_rows + rows, mask=pending, other=0, volatile=True)
-            has_inclusive = pending & ((inclusive >> 32) == epoch)
-            # The two halves of an aggregate are written separately: use it once both are there.
-            has_aggregate = pending & ~has_inclusive & ((later_alpha >> 32) == epoch) & ((later_beta >> 32) == epoch)
-            carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(inclusive), carry)
-            acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(later_alpha), acc_alpha)
-            acc_beta = tl.where(has_aggregate, acc_beta * _low_float(later_beta), acc_beta)
-            j = tl.where(has_aggregate, j + 1, j)
-            resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
-            carry = tl.where(resolved, acc_alpha, carry)
-            pending = pending & ~has_inclusive & ~resolved
-    tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok, sem="relaxed")
+            # One round reads the words of up to WINDOW later chunks, then composes them in time
+            # order. The addresses and masks do not depend on what earlier reads returned, so the
+            # reads go out together: one trip to L2 per round. (One-dimensional on purpose: a 2-D
+            # [BLOCK_N, WINDOW] window with a scan across it is smaller than the thread count for
+            # small tiles, and Triton's scan leaves the replicated threads' copies wrong; see
+            # triton-lang/triton#2298. It gave wrong advantages on the H200.)
+            base = j
+            live = pending
+            going = pending  # rows whose reads so far this round were all ready aggregates
+            for i in tl.static_range(WINDOW):
+                later = base + i
+                ok = live & (later < num_chunks)
+                at = later * padded_rows + rows
+                inclusive = tl.load(inclusive_ptr + at, mask=ok, other=0, volatile=True)
+                later_alpha = tl.load(agg_alpha_ptr + at, mask=ok, other=0, volatile=True)
+                later_beta = tl.load(agg_beta_ptr + at, mask=ok, other=0, volatile=True)
+                has_inclusive = going & ok & ((inclusive >> 32) == epoch)
+                # The two halves of an aggregate are written separately: use it once both are there.
+                has_aggregate = (going & ok & ~has_inclusive & ((later_alpha >> 32) == epoch)
+                                 & ((later_beta >> 32) == epoch))
+                carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(inclusive), carry)
+                acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(later_alpha), acc_alpha)
+                acc_beta = tl.where(has_aggregate, acc_beta * _low_float(later_beta), acc_beta)
+                j = tl.where(has_aggregate, j + 1, j)
+                resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
+                carry = tl.where(resolved, acc_alpha, carry)
+                pending = pending & ~has_inclusive & ~resolved
+                going = going & has_aggregate & ~resolved  # a gap ends the round: reread from there
+    # Tests raise INCLUSIVE_EVERY to withhold most start advantages: the interpreter runs programs one
+    # at a time, so otherwise every walk would end at its neighbour and the windows' composition of
+    # aggregates would never run on the CPU. (The last chunk publishes no aggregate: it always
+    # publishes this.)
+    if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
+        tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
+                       sem="relaxed")
     return carry
 
 
-@triton.jit(do_not_specialize=["epoch", "ticket_base"])
+@triton.jit(do_not_specialize=["epoch"])
 def _gae_kernel(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
     advantages_ptr, returns_ptr, state_ptr,
@@ -177,21 +202,21 @@ def _gae_kernel(
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     stride_an, stride_at, stride_gn, stride_gt,
-    gamma, gamma_lam, epoch, ticket_base,
+    gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
 ):
+    row_block = tl.program_id(0).to(tl.int64)
+    chunk = 0
     if CHUNKED:
-        # Tickets hand out chunks from the end of time, so every chunk a program waits for
-        # belongs to a program that started earlier: the look-back cannot deadlock. The counter
-        # is never reset: this call's tickets start at `ticket_base`.
+        # Programs take chunks from the end of time backwards, so a program waits only on chunks
+        # of lower program ids. CUDA starts a grid's blocks in increasing index order (CUB's
+        # single-pass scans, behind torch.cumsum, rely on that too), so those have all started and
+        # the look-back cannot deadlock. A ticket from an atomic counter would not need that order,
+        # but its round trip sat before the tile's loads: 3-17% slower (docs/benchmarks.md).
         num_row_blocks = tl.cdiv(N, BLOCK_N)
-        ticket = tl.atomic_add(state_ptr, 1).to(tl.int64) - ticket_base
-        row_block = ticket % num_row_blocks
-        chunk = num_chunks - 1 - ticket // num_row_blocks
-    else:
-        row_block = tl.program_id(0).to(tl.int64)
-        chunk = 0
+        chunk = num_chunks - 1 - row_block // num_row_blocks
+        row_block = row_block % num_row_blocks
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
     alpha, beta, value, mask, t = _tile_scan(
         rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
@@ -200,7 +225,8 @@ def _gae_kernel(
         stride_un, stride_ut, stride_bn, stride_bt, stride_l,
         gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
     if CHUNKED:
-        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T)
+        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
+                           WINDOW, INCLUSIVE_EVERY)
         alpha = alpha + beta * carry[:, None]
     n = rows[:, None]
     tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
@@ -224,7 +250,9 @@ def plan(
     elif num_envs * num_steps <= TINY_PROBLEM:
         block_n, block_t = 1, min(steps, TILE_ELEMENTS)
     else:
-        block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if num_envs >= TIME_MAJOR_MANY_ENVS else TIME_MAJOR_BLOCK_N
+        long_rows = num_steps > TILE_ELEMENTS // TIME_MAJOR_BLOCK_N
+        many = num_envs >= TIME_MAJOR_MANY_ENVS and long_rows
+        block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if many else TIME_MAJOR_BLOCK_N
         block_t = TILE_ELEMENTS // block_n
     block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
@@ -254,11 +282,15 @@ def launch_gae(
     max_block_t: int = MAX_BLOCK_T,
     block: tuple[int, int] | None = None,
     num_warps: int | None = None,
+    window: int | None = None,
+    inclusive_every: int = 1,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
-    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two) and `num_warps` are tuning knobs.
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps` and `window` (later
+    chunks a look-back round reads) are tuning knobs. `inclusive_every > 1` is for tests only: most
+    chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
     """
     num_envs, num_steps = values.shape
     truncated = truncateds if truncateds is not None else terminateds
@@ -276,16 +308,31 @@ def launch_gae(
     tensors = [rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, values]
     ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
             *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
-    constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t)
+    window = look_back_window(block_n, num_chunks) if window is None else window
+    constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t, window,
+                  inclusive_every)
     floats = (gamma, gamma * lam)
     if not chunked:
-        _launch(grid, warps, tensors, ints, (*floats, 1, 0), constexprs)
+        _launch(grid, warps, tensors, ints, (*floats, 1), constexprs)
         return
     # The look-back state is reused from call to call (see `_look_back_state`); the bookkeeping
-    # and the launch stay together so that tickets follow the order of launches on the stream.
+    # and the launch stay together so that epochs follow the order of launches on the stream.
     with _state_lock:
-        tensors[-1], epoch, ticket_base = _look_back_state(values.device, 3 * grid * block_n, grid)
-        _launch(grid, warps, tensors, ints, (*floats, epoch, ticket_base), constexprs)
+        tensors[-1], epoch = _look_back_state(values.device, 3 * grid * block_n)
+        _launch(grid, warps, tensors, ints, (*floats, epoch), constexprs)
+
+
+# Look-back window by tile height, from the window sweep in docs/benchmarks.md (H200): env-major
+# tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
+# 8-row time-major tiles on long rows gained 5-15% from reading 16 words a round.
+LOOK_BACK_WORDS = 16
+
+
+def look_back_window(block_n: int, num_chunks: int) -> int:
+    """How many later chunks a look-back round reads (a power of two): about `LOOK_BACK_WORDS`
+    words for tiles of 2-8 rows, one otherwise, and never more chunks than the row has after the first."""
+    window = LOOK_BACK_WORDS // block_n if 1 < block_n < LOOK_BACK_WORDS else 1
+    return max(1, min(window, triton.next_power_of_2(max(num_chunks - 1, 1))))
 
 
 def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
@@ -299,45 +346,40 @@ def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_maj
 
 
 class _StateBuffer:
-    """One device buffer for the look-back, and where its epoch and ticket counter stand."""
+    """One device buffer for the look-back, and the epoch of its last call."""
 
     def __init__(self, words: int, device: torch.device):
-        self.tensor = torch.zeros(2 + words, dtype=torch.int64, device=device)
+        self.tensor = torch.zeros(words, dtype=torch.int64, device=device)
         self.epoch = 0
-        self.tickets = 0
 
 
 # Look-back state by (device, stream). A call's words carry its epoch, so nothing is zeroed
-# between calls, and its tickets continue the counter from where the previous call on the stream
-# left it. Kernels on one stream run in launch order, so a buffer is never used by two at once.
-# Both numbers stay below 2**31 (the kernel's int32 arguments): past that a fresh buffer starts.
+# between calls. Kernels on one stream run in launch order, so a buffer is never used by two at
+# once. The epoch stays below 2**31 (the kernel's int32 argument): past that a fresh buffer starts.
 _states: dict[tuple, _StateBuffer] = {}
 _state_lock = threading.Lock()
-_COUNTER_LIMIT = 2**31 - 1
+_EPOCH_LIMIT = 2**31 - 1
 
 
-def _look_back_state(device: torch.device, words: int, grid: int) -> tuple[torch.Tensor, int, int]:
-    """`(buffer, epoch, ticket_base)` for one chunked launch on the current stream."""
+def _look_back_state(device: torch.device, words: int) -> tuple[torch.Tensor, int]:
+    """`(buffer, epoch)` for one chunked launch on the current stream."""
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             # A CUDA graph replays its arguments as captured: a fixed epoch would see the previous
             # replay's words as ready. A zeroed buffer per call is captured as a memset instead.
-            return torch.zeros(2 + words, dtype=torch.int64, device=device), 1, 0
+            return torch.zeros(words, dtype=torch.int64, device=device), 1
         key = (device.index, triton.runtime.driver.active.get_current_stream(device.index))
     else:  # the interpreter runs one program at a time
         key = (None, None)
     state = _states.get(key)
-    if (state is None or state.tensor.numel() < 2 + words or state.epoch >= _COUNTER_LIMIT
-            or state.tickets + grid > _COUNTER_LIMIT):
+    if state is None or state.tensor.numel() < words or state.epoch >= _EPOCH_LIMIT:
         state = _states[key] = _StateBuffer(words, device)
     state.epoch += 1
-    ticket_base = state.tickets
-    state.tickets += grid
-    return state.tensor, state.epoch, ticket_base
+    return state.tensor, state.epoch
 
 
 # Compiled kernels by launch signature: the constexprs, warps, flag dtypes and every integer
-# argument as is (but the epoch and ticket base, which are never specialised). With all pointers
+# argument as is (but the epoch, which is never specialised). With all pointers
 # 16-byte aligned that fixes everything Triton specialises the kernel on (pointer dtypes and
 # alignment; each integer's divisibility by 16 or equality to 1), so a call with a known key skips
 # Triton's generic launch path, which binds and re-specialises every argument (about 0.7 us each
@@ -345,7 +387,8 @@ def _look_back_state(device: torch.device, words: int, grid: int) -> tuple[torch
 _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
-_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T")
+_CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
+                    "INCLUSIVE_EVERY")
 
 
 def _launch(grid: int, num_warps: int, tensors: list, ints: tuple, floats: tuple, constexprs: tuple) -> None:

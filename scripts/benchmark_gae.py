@@ -198,7 +198,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
-                        help="--sweep tiles as NxT/WARPS, or 'default' (the plan's choice)")
+                        help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
+                             "followed by @WINDOW (look-back chunks read per round)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
@@ -262,11 +263,12 @@ def sweep_tiles(args) -> None:
             copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
             expected = reference_advantages(x)
             cells = []
-            for block, num_warps in configs:
+            for block, num_warps, window in configs:
 
-                def run(x=x, block=block, num_warps=num_warps):
+                def run(x=x, block=block, num_warps=num_warps, window=window):
                     launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block)
+                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block,
+                               window=window)
 
                 x["advantages"].fill_(float("nan"))
                 run()
@@ -277,13 +279,16 @@ def sweep_tiles(args) -> None:
             torch.cuda.empty_cache()
 
 
-def parse_tile(label: str) -> tuple[tuple[int, int] | None, int | None]:
-    """'NxT/WARPS' -> ((N, T), WARPS); 'default' -> (None, None), the plan's choice."""
+def parse_tile(label: str) -> tuple[tuple[int, int] | None, int | None, int | None]:
+    """'NxT/WARPS[@WINDOW]' -> ((N, T), WARPS, WINDOW); 'default[@WINDOW]' keeps the plan's tile.
+    WINDOW is the look-back window (chunks read per round); None leaves it to `look_back_window`."""
+    label, _, window = label.partition("@")
+    window = int(window) if window else None
     if label == "default":
-        return None, None
+        return None, None, window
     tile, warps = label.split("/")
     block_n, block_t = (int(v) for v in tile.split("x"))
-    return (block_n, block_t), int(warps)
+    return (block_n, block_t), int(warps), window
 
 
 def _elements(spec: str) -> int:

@@ -8,7 +8,7 @@ For each shape and layout, in one run, the device time (eager calls queued behin
               the look-ahead load of values[t+1], the two stores) and no scan: what the access
               pattern alone costs
   +scan       the same kernel with the tile's reverse associative scan: what the scan adds
-  ours        `launch_gae` as training calls it: what the chunk join (ticket, look-back) adds
+  ours        `launch_gae` as training calls it: what the chunk join (the look-back) adds
   ours lam=0  `launch_gae` with lam = 0: every look-back stops at the next chunk, so the
               difference to `ours` is the cost of walking further back
 """

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import compute_gae, triton_gae
-from kernels.triton_gae import launch_gae, plan
+from kernels.triton_gae import launch_gae, look_back_window, plan
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,6 +85,25 @@ def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, density,
     assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
 
 
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
+@pytest.mark.parametrize("window", [1, 4, 64])
+@pytest.mark.parametrize("inclusive_every", [3, 1 << 20])
+def test_look_back_walks_compose_windows_of_aggregates(inclusive_every, window, density, time_major):
+    # Most chunks withhold their start advantage, so the look-back must compose the maps of later
+    # chunks, a window at a time, up to one that published it (every third chunk), a done flag, or
+    # the row's end. Windows wider than the walk and one-chunk windows both run.
+    rollout = random_rollout(5, 101, density=density, time_major=time_major, device=DEVICE, seed=window + 11)
+    assert_matches_oracle(rollout, launch_options={"max_block_t": 4, "window": window,
+                                                   "inclusive_every": inclusive_every})
+
+
+def test_look_back_window_reads_a_bounded_number_of_words():
+    assert look_back_window(1, 1024) == 1 and look_back_window(32, 32) == 1  # one chunk a round
+    assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 4 and look_back_window(2, 1024) == 8
+    assert look_back_window(2, 2) == 1 and look_back_window(2, 4) == 4  # no wider than the walk
+
+
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
 def test_tiles_with_several_envs_and_chunks(block):
     rollout = random_rollout(37, 101, density=0.03, time_major=True, device=DEVICE, seed=12)
@@ -103,6 +122,7 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
     assert plan(1, 2048, False) == (1, 1024, 2, 2, 4)
     assert plan(4096, 128, True) == (8, 128, 1, 512, 1)  # time-major: one warp per tile
     assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)  # many envs: wider lines
+    assert plan(1024, 1024, True)[:2] == (32, 32) and plan(1024, 128, True)[:2] == (8, 128)
     for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
         block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
@@ -181,8 +201,8 @@ def test_repeated_calls_reuse_the_compiled_kernel_correctly():
 
 
 def test_look_back_state_is_reused_across_calls_and_shapes():
-    # The state buffer is not zeroed between calls: each call's words carry its epoch and its
-    # tickets continue the counter. Calls of different shapes on one buffer must all be right.
+    # The state buffer is not zeroed between calls: each call's words carry its epoch. Calls of
+    # different shapes on one buffer must all be right.
     triton_gae._states.clear()
     for seed, (num_envs, num_steps, max_block_t) in enumerate([(7, 127, 16), (3, 33, 8), (7, 127, 16), (2, 300, 32)]):
         rollout = random_rollout(num_envs, num_steps, density=0.05, device=DEVICE, seed=40 + seed)
@@ -191,11 +211,11 @@ def test_look_back_state_is_reused_across_calls_and_shapes():
     assert state.epoch >= 4, "every chunked call should have used the one buffer"
 
 
-def test_look_back_state_starts_afresh_before_its_counters_overflow(monkeypatch):
+def test_look_back_state_starts_afresh_before_its_epoch_overflows(monkeypatch):
     triton_gae._states.clear()
-    monkeypatch.setattr(triton_gae, "_COUNTER_LIMIT", 10)
+    monkeypatch.setattr(triton_gae, "_EPOCH_LIMIT", 2)
     buffers = []  # the buffer objects themselves: ids of freed ones could be reused
-    for seed in range(4):  # one row block x 8 chunks: 8 tickets a call, a new buffer every second call
+    for seed in range(4):  # a new buffer every second call
         rollout = random_rollout(7, 127, density=0.05, device=DEVICE, seed=50 + seed)
         assert_matches_oracle(rollout, launch_options={"max_block_t": 16})
         for state in triton_gae._states.values():
