@@ -1,7 +1,8 @@
 """Triton GAE: one kernel, a parallel associative scan over time, chunks joined by a look-back.
 
 Each program owns a tile of `[BLOCK_N, BLOCK_T]` (envs x steps). Inside the tile a reverse
-`tl.associative_scan` composes the affine maps `f_t(x) = delta_t + beta_t * x`. Rows longer than
+`tl.associative_scan` composes the affine maps `f_t(x) = delta_t + beta_t * x` (time-major tiles
+first compose each thread's four consecutive steps in registers: `_quad_tile`). Rows longer than
 one tile are cut into chunks, each its own program, so a handful of envs with a million steps
 still fills the GPU. A chunk learns its carry (the advantage at the first step after it) by a
 decoupled look-back over the chunks later in time, which publish their composed map as soon as
@@ -75,18 +76,18 @@ def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
 
 
 @triton.jit
-def _tile_scan(
+def _step_terms(
     rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-    rows, chunk, N, T,
+    rows, steps, N, T,
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr,
 ):
-    """Load one tile and scan it: returns the local (alpha, beta) maps, V(s_t), the mask and steps."""
-    steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
+    """Load the given steps of the given rows: each step's map `f_t(x) = delta_t + beta_t * x`,
+    V(s_t), the mask and the steps, all `[len(rows), len(steps)]`."""
     row_ok = rows < N
-    mask = row_ok[:, None] & (steps < T)[None, :]  # [BLOCK_N, BLOCK_T]
+    mask = row_ok[:, None] & (steps < T)[None, :]
     n = rows[:, None]
     t = steps[None, :]
     is_last = t == T - 1
@@ -117,8 +118,44 @@ def _tile_scan(
 
     delta = reward + gamma * next_value - value
     beta = tl.where(done | ~mask, 0.0, gamma_lam)  # padding must not carry anything across
+    return delta, beta, value, mask, t
+
+
+@triton.jit
+def _tile_scan(
+    rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+    rows, chunk, N, T,
+    stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+    gamma, gamma_lam,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """Load one tile and scan it: returns the local (alpha, beta) maps, V(s_t), the mask and steps."""
+    steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
+    delta, beta, value, mask, t = _step_terms(
+        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+        rows, steps, N, T,
+        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
     alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
     return alpha, beta, value, mask, t
+
+
+@triton.jit
+def _then(alpha, beta, next_alpha, next_beta):
+    # The map f o g of a step f = (alpha, beta) followed by g = (next_alpha, next_beta).
+    return alpha + beta * next_alpha, beta * next_beta
+
+
+@triton.jit
+def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, next_alpha, next_beta):
+    """Each of four consecutive steps' maps composed with everything after it (in registers)."""
+    a3, b3 = _then(a3, b3, next_alpha, next_beta)
+    a2, b2 = _then(a2, b2, a3, b3)
+    a1, b1 = _then(a1, b1, a2, b2)
+    a0, b0 = _then(a0, b0, a1, b1)
+    return a0, b0, a1, b1, a2, b2, a3, b3
 
 
 @triton.jit
@@ -205,6 +242,7 @@ def _gae_kernel(
     gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
+    QUADS: tl.constexpr,
 ):
     row_block = tl.program_id(0).to(tl.int64)
     chunk = 0
@@ -218,19 +256,89 @@ def _gae_kernel(
         chunk = num_chunks - 1 - row_block // num_row_blocks
         row_block = row_block % num_row_blocks
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
-    alpha, beta, value, mask, t = _tile_scan(
-        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-        rows, chunk, N, T,
-        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
-    if CHUNKED:
-        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
-                           WINDOW, INCLUSIVE_EVERY)
-        alpha = alpha + beta * carry[:, None]
     n = rows[:, None]
-    tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
-    tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
+    if QUADS:
+        _quad_tile(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+                   advantages_ptr, returns_ptr, state_ptr, rows, chunk, N, T, num_chunks,
+                   stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+                   stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                   stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
+                   HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY)
+    else:
+        alpha, beta, value, mask, t = _tile_scan(
+            rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+            rows, chunk, N, T,
+            stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+            stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
+        if CHUNKED:
+            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
+                               WINDOW, INCLUSIVE_EVERY)
+            alpha = alpha + beta * carry[:, None]
+        tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
+        tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
+
+
+@triton.jit
+def _quad_tile(
+    rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
+    advantages_ptr, returns_ptr, state_ptr, rows, chunk, N, T, num_chunks,
+    stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
+    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+    stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
+):
+    """A time-major tile as four interleaved quarters: quarter j holds steps 4k + j, k < BLOCK_T / 4.
+
+    All four quarters share one layout, so a thread holds the four consecutive steps 4k..4k+3 of its
+    envs and composes them in registers; only the quads' maps are scanned across lanes (a quarter of
+    the shuffles of a whole-tile scan, where lanes hold consecutive steps)."""
+    NUM_QUADS: tl.constexpr = BLOCK_T // 4
+    base = chunk * BLOCK_T + 4 * tl.arange(0, NUM_QUADS).to(tl.int64)  # [NUM_QUADS]
+    d0, b0, v0, m0, t0 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
+                                     last_value_ptr, rows, base, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
+                                     stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+    d1, b1, v1, m1, t1 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
+                                     last_value_ptr, rows, base + 1, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
+                                     stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+    d2, b2, v2, m2, t2 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
+                                     last_value_ptr, rows, base + 2, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
+                                     stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+    d3, b3, v3, m3, t3 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
+                                     last_value_ptr, rows, base + 3, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
+                                     stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+    zero = tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.float32)
+    # Each step's map to the end of its quad (the identity after it), in registers.
+    d0, b0, d1, b1, d2, b2, d3, b3 = _quad_suffixes(d0, b0, d1, b1, d2, b2, d3, b3, zero, zero + 1.0)
+    # Each quad's map to the end of the tile: a reverse scan of the quads' maps, across lanes.
+    quad_alpha, quad_beta = tl.associative_scan((d0, b0), 1, _compose, reverse=True)
+    # What follows quad k: the scanned map of quad k + 1 (the identity after the last quad).
+    k = tl.arange(0, NUM_QUADS)[None, :] + tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.int32)
+    later = tl.minimum(k + 1, NUM_QUADS - 1)
+    after_alpha = tl.where(k < NUM_QUADS - 1, tl.gather(quad_alpha, later, axis=1), 0.0)
+    after_beta = tl.where(k < NUM_QUADS - 1, tl.gather(quad_beta, later, axis=1), 1.0)
+    d0, b0 = _then(d0, b0, after_alpha, after_beta)
+    d1, b1 = _then(d1, b1, after_alpha, after_beta)
+    d2, b2 = _then(d2, b2, after_alpha, after_beta)
+    d3, b3 = _then(d3, b3, after_alpha, after_beta)
+    if CHUNKED:
+        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, BLOCK_N, NUM_QUADS,
+                           WINDOW, INCLUSIVE_EVERY)[:, None]
+        d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
+    n = rows[:, None]
+    tl.store(advantages_ptr + n * stride_an + t0 * stride_at, d0, mask=m0)
+    tl.store(advantages_ptr + n * stride_an + t1 * stride_at, d1, mask=m1)
+    tl.store(advantages_ptr + n * stride_an + t2 * stride_at, d2, mask=m2)
+    tl.store(advantages_ptr + n * stride_an + t3 * stride_at, d3, mask=m3)
+    tl.store(returns_ptr + n * stride_gn + t0 * stride_gt, d0 + v0, mask=m0)
+    tl.store(returns_ptr + n * stride_gn + t1 * stride_gt, d1 + v1, mask=m1)
+    tl.store(returns_ptr + n * stride_gn + t2 * stride_gt, d2 + v2, mask=m2)
+    tl.store(returns_ptr + n * stride_gn + t3 * stride_gt, d3 + v3, mask=m3)
 
 
 @functools.lru_cache(maxsize=512)
@@ -284,12 +392,14 @@ def launch_gae(
     num_warps: int | None = None,
     window: int | None = None,
     inclusive_every: int = 1,
+    quads: bool | None = None,
 ) -> None:
     """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
 
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
-    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps` and `window` (later
-    chunks a look-back round reads) are tuning knobs. `inclusive_every > 1` is for tests only: most
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
+    chunks a look-back round reads) and `quads` (scan as four interleaved quarters, where
+    `uses_quads` allows it) are tuning knobs. `inclusive_every > 1` is for tests only: most
     chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
     """
     num_envs, num_steps = values.shape
@@ -309,8 +419,9 @@ def launch_gae(
     ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
             *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
     window = look_back_window(block_n, num_chunks) if window is None else window
+    quads = uses_quads(time_major, block_n, block_t, num_chunks, warps, prefer=quads)
     constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t, window,
-                  inclusive_every)
+                  inclusive_every, quads)
     floats = (gamma, gamma * lam)
     if not chunked:
         _launch(grid, warps, tensors, ints, (*floats, 1), constexprs)
@@ -326,6 +437,21 @@ def launch_gae(
 # tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
 # 8-row time-major tiles on long rows gained 5-15% from reading 16 words a round.
 LOOK_BACK_WORDS = 16
+
+
+def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, num_warps: int,
+               prefer: bool | None = None) -> bool:
+    """Whether a tile is scanned as four interleaved quarters (`_quad_tile`). By default, from the
+    H200 measurements in docs/benchmarks.md: 24% faster for 32-env time-major tiles (16384x1024,
+    4096x4096, 1024x1024) and 14% for unchunked 8x128 ones (4096x128), 7% slower for chunked 8x128
+    tiles of long rows (16x1M). So: time-major tiles of 32+ envs, or of 2+ envs holding whole rows.
+    `prefer` overrides that choice. Either way the quarters must fill the program's threads:
+    Triton's scan leaves wrong values in lanes that hold copies (triton-lang/triton#2298), and the
+    quarters' scan results are read by every lane."""
+    fills = block_t >= 4 and block_n * (block_t // 4) >= 32 * num_warps
+    if prefer is not None:
+        return prefer and fills
+    return fills and time_major and (block_n >= 32 or (block_n > 1 and num_chunks == 1))
 
 
 def look_back_window(block_n: int, num_chunks: int) -> int:
@@ -388,7 +514,7 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY")
+                    "INCLUSIVE_EVERY", "QUADS")
 
 
 def _launch(grid: int, num_warps: int, tensors: list, ints: tuple, floats: tuple, constexprs: tuple) -> None:

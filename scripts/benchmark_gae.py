@@ -199,7 +199,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
-                             "followed by @WINDOW (look-back chunks read per round)")
+                             "followed by @WINDOW (look-back chunks read per round) and :quads or :whole "
+                             "(the four-quarter scan on or off)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
@@ -263,12 +264,11 @@ def sweep_tiles(args) -> None:
             copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
             expected = reference_advantages(x)
             cells = []
-            for block, num_warps, window in configs:
+            for options in configs:
 
-                def run(x=x, block=block, num_warps=num_warps, window=window):
+                def run(x=x, options=options):
                     launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, GAMMA, LAM, x["advantages"], x["returns"], num_warps=num_warps, block=block,
-                               window=window)
+                               None, GAMMA, LAM, x["advantages"], x["returns"], **options)
 
                 x["advantages"].fill_(float("nan"))
                 run()
@@ -279,16 +279,23 @@ def sweep_tiles(args) -> None:
             torch.cuda.empty_cache()
 
 
-def parse_tile(label: str) -> tuple[tuple[int, int] | None, int | None, int | None]:
-    """'NxT/WARPS[@WINDOW]' -> ((N, T), WARPS, WINDOW); 'default[@WINDOW]' keeps the plan's tile.
-    WINDOW is the look-back window (chunks read per round); None leaves it to `look_back_window`."""
+def parse_tile(label: str) -> dict:
+    """'NxT/WARPS[@WINDOW][:quads|:whole]' or 'default[...]' -> `launch_gae` tuning options.
+
+    NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
+    (chunks read per round); :quads / :whole forces the four-quarter scan on or off."""
+    label, _, scan = label.partition(":")
     label, _, window = label.partition("@")
-    window = int(window) if window else None
-    if label == "default":
-        return None, None, window
-    tile, warps = label.split("/")
-    block_n, block_t = (int(v) for v in tile.split("x"))
-    return (block_n, block_t), int(warps), window
+    options = {"window": int(window) if window else None}
+    if scan:
+        if scan not in ("quads", "whole"):
+            raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")
+        options["quads"] = scan == "quads"
+    if label != "default":
+        tile, warps = label.split("/")
+        block_n, block_t = (int(v) for v in tile.split("x"))
+        options.update(block=(block_n, block_t), num_warps=int(warps))
+    return options
 
 
 def _elements(spec: str) -> int:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import compute_gae, triton_gae
-from kernels.triton_gae import launch_gae, look_back_window, plan
+from kernels.triton_gae import launch_gae, look_back_window, plan, uses_quads
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,22 +50,54 @@ def test_kernel_matches_reference(num_steps, num_envs, density, time_major):
     assert_matches_oracle(rollout)
 
 
-@pytest.mark.parametrize("flag_dtype", [torch.bool, torch.uint8, torch.float32])
-@pytest.mark.parametrize("bootstrap", ["none", "last_value", "tensor", "tensor_with_truncateds"])
-def test_every_flag_dtype_and_bootstrap_mode(flag_dtype, bootstrap):
-    rollout = random_rollout(7, 127, density=0.1, flag_dtype=flag_dtype, device=DEVICE, seed=5)
+BOOTSTRAP_MODES = ["none", "last_value", "tensor", "tensor_with_truncateds"]
+
+
+def bootstrap_overrides(rollout, bootstrap: str) -> dict:
+    """The arguments that turn a rollout (which has truncations) into one of the bootstrap modes."""
     if bootstrap == "none":
-        overrides = {"truncateds": None, "bootstrap_values": None}
-    elif bootstrap == "last_value":
-        overrides = {"truncateds": None, "bootstrap_values": None,
-                     "last_value": rollout["bootstrap_values"][:, -1].clone()}
-    elif bootstrap == "tensor":
+        return {"truncateds": None, "bootstrap_values": None}
+    if bootstrap == "last_value":
+        return {"truncateds": None, "bootstrap_values": None, "last_value": rollout["bootstrap_values"][:, -1].clone()}
+    if bootstrap == "tensor":
         boot = torch.zeros_like(rollout["bootstrap_values"])
         boot[:, -1] = rollout["bootstrap_values"][:, -1]
-        overrides = {"truncateds": None, "bootstrap_values": boot}
-    else:
-        overrides = {}
-    assert_matches_oracle(rollout, **overrides)
+        return {"truncateds": None, "bootstrap_values": boot}
+    return {}
+
+
+@pytest.mark.parametrize("flag_dtype", [torch.bool, torch.uint8, torch.float32])
+@pytest.mark.parametrize("bootstrap", BOOTSTRAP_MODES)
+def test_every_flag_dtype_and_bootstrap_mode(flag_dtype, bootstrap):
+    rollout = random_rollout(7, 127, density=0.1, flag_dtype=flag_dtype, device=DEVICE, seed=5)
+    assert_matches_oracle(rollout, **bootstrap_overrides(rollout, bootstrap))
+
+
+def quad_options(num_envs: int, num_steps: int, time_major: bool, block: tuple[int, int], **options) -> dict:
+    """Launch options that force the four-quarter scan, checked to be taken (not silently refused)."""
+    block_n, block_t, num_chunks, _, warps = plan(num_envs, num_steps, time_major, block=block)
+    assert uses_quads(time_major, block_n, block_t, num_chunks, warps, prefer=True), "the case must run quads"
+    return {"block": block, "quads": True, **options}
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
+@pytest.mark.parametrize("num_envs,num_steps,block", [(9, 101, (8, 16)), (37, 127, (32, 16)), (7, 127, (8, 128)),
+                                                      (37, 3, (32, 32)), (3, 64, (8, 32))])
+def test_quad_tiles_match_reference(num_envs, num_steps, block, density, time_major):
+    # Steps 4k..4k+3 composed in registers, quads scanned, chunks joined: odd sizes, a row shorter
+    # than one quad, rows that end inside a quad, chunked and whole rows.
+    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
+                             seed=num_steps + block[0])
+    assert_matches_oracle(rollout, launch_options=quad_options(num_envs, num_steps, time_major, block))
+
+
+@pytest.mark.parametrize("flag_dtype", [torch.bool, torch.float32])
+@pytest.mark.parametrize("bootstrap", BOOTSTRAP_MODES)
+def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap, flag_dtype):
+    rollout = random_rollout(11, 77, density=0.05, flag_dtype=flag_dtype, time_major=True, device=DEVICE, seed=8)
+    options = quad_options(11, 77, True, (8, 16), inclusive_every=3)
+    assert_matches_oracle(rollout, launch_options=options, **bootstrap_overrides(rollout, bootstrap))
 
 
 @pytest.mark.parametrize("gamma,lam", [(0.0, 0.95), (1.0, 1.0), (0.99, 0.0), (0.5, 0.5)])
