@@ -122,27 +122,6 @@ def _step_terms(
 
 
 @triton.jit
-def _tile_scan(
-    rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-    rows, chunk, N, T,
-    stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-    gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr, BLOCK_T: tl.constexpr,
-):
-    """Load one tile and scan it: returns the local (alpha, beta) maps, V(s_t), the mask and steps."""
-    steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
-    delta, beta, value, mask, t = _step_terms(
-        rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-        rows, steps, N, T,
-        stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
-        stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-        gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
-    alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
-    return alpha, beta, value, mask, t
-
-
-@triton.jit
 def _then(alpha, beta, next_alpha, next_beta):
     # The map f o g of a step f = (alpha, beta) followed by g = (next_alpha, next_beta).
     return alpha + beta * next_alpha, beta * next_beta
@@ -265,12 +244,15 @@ def _gae_kernel(
                    stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
                    HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY)
     else:
-        alpha, beta, value, mask, t = _tile_scan(
+        steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
+        delta, beta, value, mask, t = _step_terms(
             rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
-            rows, chunk, N, T,
+            rows, steps, N, T,
             stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
             stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, BLOCK_T)
+            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+        # Each step's map to the end of the tile: alpha is the advantage if nothing followed the tile.
+        alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
         if CHUNKED:
             carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
                                WINDOW, INCLUSIVE_EVERY)
@@ -296,6 +278,7 @@ def _quad_tile(
     the shuffles of a whole-tile scan, where lanes hold consecutive steps)."""
     NUM_QUADS: tl.constexpr = BLOCK_T // 4
     base = chunk * BLOCK_T + 4 * tl.arange(0, NUM_QUADS).to(tl.int64)  # [NUM_QUADS]
+    # Four explicit quarters: a Triton function cannot loop over a list of tensors.
     d0, b0, v0, m0, t0 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
