@@ -416,12 +416,6 @@ def launch_gae(
         _launch(grid, warps, tensors, ints, (*floats, epoch), constexprs)
 
 
-# Look-back window by tile height, from the window sweep in docs/benchmarks.md (H200): env-major
-# tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
-# 8-row time-major tiles on long rows gained 5-15% from reading 16 words a round.
-LOOK_BACK_WORDS = 16
-
-
 def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, num_warps: int,
                prefer: bool | None = None) -> bool:
     """Whether a tile is scanned as four interleaved quarters (`_quad_tile`). By default, from the
@@ -435,6 +429,12 @@ def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, nu
     if prefer is not None:
         return prefer and fills
     return fills and time_major and (block_n >= 32 or (block_n > 1 and num_chunks == 1))
+
+
+# Look-back window by tile height, from the window sweep in docs/benchmarks.md (H200): env-major
+# tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
+# 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round.
+LOOK_BACK_WORDS = 16
 
 
 def look_back_window(block_n: int, num_chunks: int) -> int:
