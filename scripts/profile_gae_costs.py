@@ -7,7 +7,9 @@ For each shape and layout, in one run, the device time (eager calls queued behin
   access      a Triton kernel with the tile, grid and memory traffic the plan picks (the five loads,
               the look-ahead load of values[t+1], the two stores) and no scan: what the access
               pattern alone costs
-  +scan       the same kernel with the tile's reverse associative scan: what the scan adds
+  +scan       the same kernel with a whole-tile reverse associative scan: what that scan adds (the
+              kernel scans most time-major tiles as four quarters instead, see `uses_quads`, so
+              there `ours` can come out below `+scan`)
   ours        `launch_gae` as training calls it: what the chunk join (the look-back) adds
   ours lam=0  `launch_gae` with lam = 0: every look-back stops at the next chunk, so the
               difference to `ours` is the cost of walking further back
