@@ -7,18 +7,26 @@
 Training puts the policy and bookkeeping between steps, and the simulator then measures slower
 in training than alone. This script steps the same envs with the same random actions and, between
 steps, (a) nothing, (b) a policy-sized MLP forward, (c) that plus 80 small torch ops (about what
-a collection step does), and reports the rate of the `step` calls alone and of the whole loop,
-each mode twice, interleaved, to show the run-to-run swing.
+a collection step does); then (d) with this project's `Agent` choosing each action from the
+current observation, as collection does, and (e) those same recorded policy actions replayed back
+to back with nothing between steps (do a policy's actions cost the simulator more than uniform
+noise?). It reports the rate of the `step` calls alone and of the whole loop, each mode twice,
+interleaved, to show the run-to-run swing.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ppo.agent import Agent  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +48,18 @@ def main() -> None:
     policy = torch.nn.Sequential(torch.nn.Linear(obs_dim, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
                                  torch.nn.Tanh(), torch.nn.Linear(64, act_dim))
 
-    def between_steps(mode: int, obs: np.ndarray) -> None:
+    agent = Agent(obs_dim, act_dim)
+    recorded: list[np.ndarray] = []  # mode 3's policy actions, replayed by mode 4
+
+    def between_steps(mode: int, obs: np.ndarray, i: int) -> np.ndarray:
+        """The work of `mode` before step i; returns the action to step with."""
+        if mode == 3:
+            with torch.no_grad():
+                action = agent.get_action_and_value(torch.from_numpy(obs.reshape(args.num_envs, -1)).float())[0]
+            recorded.append(action.clamp(-1, 1).numpy())
+            return recorded[-1]
+        if mode == 4:
+            return recorded[i]  # from the pass of mode 3 just before
         if mode >= 1:
             with torch.no_grad():
                 policy(torch.from_numpy(obs.reshape(args.num_envs, -1)).float())
@@ -48,20 +67,24 @@ def main() -> None:
             x = torch.zeros(args.num_envs, dtype=torch.float64)
             for _ in range(80):
                 x = x + 1.0
+        return actions[i % 16]
 
-    names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops"]
+    names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops",
+             "policy acts between steps", "policy's actions replayed"]
     print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'between steps':32s} {'step() only':>12s} {'whole loop':>12s}   (steps/s)")
-    for mode in (0, 1, 2, 0, 1, 2):
+    for mode in (0, 1, 2, 3, 4, 0, 1, 2, 3, 4):
+        if mode == 3:
+            recorded.clear()
         for i in range(20):
             obs = envs.step(actions[i % 16])[0]
         env_seconds = 0.0
         start = time.perf_counter()
         for i in range(args.steps):
-            between_steps(mode, obs)
+            action = between_steps(mode, obs, i)
             t = time.perf_counter()
-            obs = envs.step(actions[i % 16])[0]
+            obs = envs.step(action)[0]
             env_seconds += time.perf_counter() - t
         total = time.perf_counter() - start
         samples = args.steps * args.num_envs
