@@ -274,8 +274,9 @@ def _quad_tile(
     """A time-major tile as four interleaved quarters: quarter j holds steps 4k + j, k < BLOCK_T / 4.
 
     All four quarters share one layout, so a thread holds the four consecutive steps 4k..4k+3 of its
-    envs and composes them in registers; only the quads' maps are scanned across lanes (a quarter of
-    the shuffles of a whole-tile scan, where lanes hold consecutive steps)."""
+    envs and composes them in registers; only the quads' maps are scanned across lanes (about a third
+    of the shuffles of a whole-tile scan, where lanes hold consecutive steps: 176 against 544 per
+    warp for a 32x32 tile, compiled for sm_90)."""
     NUM_QUADS: tl.constexpr = BLOCK_T // 4
     base = chunk * BLOCK_T + 4 * tl.arange(0, NUM_QUADS).to(tl.int64)  # [NUM_QUADS]
     # Four explicit quarters: a Triton function cannot loop over a list of tensors.
