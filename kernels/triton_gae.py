@@ -235,7 +235,6 @@ def _gae_kernel(
         chunk = num_chunks - 1 - row_block // num_row_blocks
         row_block = row_block % num_row_blocks
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)  # [BLOCK_N]
-    n = rows[:, None]
     if QUADS:
         _quad_tile(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
                    advantages_ptr, returns_ptr, state_ptr, rows, chunk, N, T, num_chunks,
@@ -257,6 +256,7 @@ def _gae_kernel(
             carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
                                WINDOW, INCLUSIVE_EVERY)
             alpha = alpha + beta * carry[:, None]
+        n = rows[:, None]
         tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
         tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
 
@@ -402,7 +402,9 @@ def launch_gae(
     tensors = [rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, values]
     ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
             *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
-    window = look_back_window(block_n, num_chunks) if window is None else window
+    # Unchunked tiles have no look-back: window 1 keeps one compiled kernel, and this launch path
+    # (every call pays it) skips the helper.
+    window = 1 if not chunked else look_back_window(block_n, num_chunks) if window is None else window
     quads = uses_quads(time_major, block_n, block_t, num_chunks, warps, prefer=quads)
     constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t, window,
                   inclusive_every, quads)
@@ -442,7 +444,8 @@ def look_back_window(block_n: int, num_chunks: int) -> int:
     """How many later chunks a look-back round reads (a power of two): about `LOOK_BACK_WORDS`
     words for tiles of 2-8 rows, one otherwise, and never more chunks than the row has after the first."""
     window = LOOK_BACK_WORDS // block_n if 1 < block_n < LOOK_BACK_WORDS else 1
-    return max(1, min(window, triton.next_power_of_2(max(num_chunks - 1, 1))))
+    later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
+    return max(1, min(window, later_chunks))
 
 
 def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
