@@ -151,7 +151,14 @@ def test_chunked_rows_with_last_value_and_no_truncations():
 
 def test_plan_covers_every_element_with_power_of_two_tiles():
     assert plan(64, 256, True)[:3] == (1, 256, 1)  # tiny: one env row per program
-    assert plan(1, 2048, False) == (1, 1024, 2, 2, 4)
+    # Env-major: whole rows up to 2048 steps (4096 from 128 envs), four elements per thread;
+    # longer rows in chunks of 1024.
+    assert plan(1, 2048, False) == (1, 2048, 1, 1, 16)
+    assert plan(16384, 1024, False) == (1, 1024, 1, 16384, 8)
+    assert plan(4096, 128, False) == (8, 128, 1, 512, 8)
+    assert plan(4096, 4096, False) == (1, 4096, 1, 4096, 16)
+    assert plan(16, 65536, False) == (1, 1024, 64, 1024, 4)
+    assert plan(64, 4096, False) == (1, 1024, 4, 256, 4)
     assert plan(4096, 128, True) == (8, 128, 1, 512, 1)  # time-major: one warp per tile
     assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)  # many envs: wider lines
     assert plan(1024, 1024, True)[:2] == (32, 32) and plan(1024, 128, True)[:2] == (8, 128)
@@ -159,7 +166,7 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
         block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
         assert block_n * block_t <= 4096 and num_chunks * block_t >= num_steps
-        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8)
+        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8, 16)
 
 
 def test_outputs_are_allocated_in_the_layout_of_values():
