@@ -1,5 +1,5 @@
 """Rollout storage on the run's device."""
 
-from buffers.rollout import Minibatch, RolloutBuffer, SampleTable
+from buffers.rollout import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 
-__all__ = ["Minibatch", "RolloutBuffer", "SampleTable"]
+__all__ = ["Minibatch", "RolloutBuffer", "SampleTable", "normalized_advantages"]

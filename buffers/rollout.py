@@ -58,6 +58,15 @@ class SampleTable:
         return list(rows.split(self.widths, dim=1))
 
 
+def normalized_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`(A - mean) / (std + 1e-8)` over the samples of weight 1 (std with Bessel's correction, as
+    `torch.std`), and 0 on dummy steps (weight 0). No host sync: safe inside a CUDA graph."""
+    count = weights.sum().clamp(min=2)
+    mean = (advantages * weights).sum() / count
+    std = (((advantages - mean) * weights).square().sum() / (count - 1)).sqrt()
+    return (advantages - mean) / (std + 1e-8) * weights
+
+
 class RolloutBuffer:
     """Preallocated `[num_steps, num_envs, ...]` tensors for one rollout.
 
@@ -122,10 +131,7 @@ class RolloutBuffer:
         b_weights = self.valid.reshape(-1).float()
         b_advantages = self.advantages.reshape(-1)
         if normalize_advantages:
-            count = b_weights.sum().clamp(min=2)
-            mean = (b_advantages * b_weights).sum() / count
-            std = (((b_advantages - mean) * b_weights).square().sum() / (count - 1)).sqrt()
-            b_advantages = (b_advantages - mean) / (std + 1e-8) * b_weights
+            b_advantages = normalized_advantages(b_advantages, b_weights)
         return Minibatch(self.observations.reshape(-1, self.observations.shape[-1]),
                          self.actions.reshape(-1, self.actions.shape[-1]), self.log_probs.reshape(-1),
                          self.values.reshape(-1), b_advantages, self.returns.reshape(-1), b_weights)

@@ -20,6 +20,9 @@ class EnvSettings:
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
 
 
+NORM_ADV_CHOICES = ("minibatch", "batch", "off")
+
+
 @dataclass(frozen=True)
 class PPOSettings:
     num_steps: int = 32  # steps per env per iteration; the batch is num_envs * num_steps
@@ -32,7 +35,7 @@ class PPOSettings:
     gae_lambda: float = 0.95
     num_minibatches: int = 32
     update_epochs: int = 10
-    norm_adv: bool = True
+    norm_adv: str = "minibatch"  # minibatch (CleanRL) | batch (once over the batch, rl_games) | off
     clip_coef: float = 0.2
     clip_vloss: bool = True
     ent_coef: float = 0.0
@@ -109,6 +112,8 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
         if not (isinstance(value, bool) or value == "auto"):
             raise ConfigError(f"`{key}` must be true, false or auto, got {value!r}")
         return value
+    if key == "ppo.norm_adv" and isinstance(value, bool):  # CleanRL's --norm-adv flag: per minibatch
+        return "minibatch" if value else "off"
     if value is None:
         if default is None:
             return None
@@ -180,6 +185,8 @@ def _validate(s: TrainSettings) -> None:
 
     if s.model.activation not in ACTIVATIONS:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
+    if s.ppo.norm_adv not in NORM_ADV_CHOICES:
+        raise ConfigError(f"`ppo.norm_adv` must be one of {', '.join(NORM_ADV_CHOICES)}, got {s.ppo.norm_adv!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
         raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
     if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):

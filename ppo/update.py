@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from buffers import Minibatch, RolloutBuffer
+from buffers import Minibatch, RolloutBuffer, normalized_advantages
 from ppo import distributed
 from ppo.agent import Agent
 from ppo.config import PPOSettings
@@ -29,7 +29,8 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
     # A dummy step's ratio is masked before use: its stale log-prob must not make inf * 0 = NaN.
     log_ratio = torch.where(mb.weights > 0, new_log_prob - mb.log_probs, 0.0)
     ratio = log_ratio.exp()
-    advantages = mb.advantages
+    # Per minibatch, as CleanRL (ppo.norm_adv=minibatch); per batch ("batch") the table already holds them so.
+    advantages = normalized_advantages(mb.advantages, mb.weights) if settings.norm_adv == "minibatch" else mb.advantages
     policy_loss = mean(torch.max(-advantages * ratio,
                                  -advantages * ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)))
     if settings.clip_vloss:
@@ -73,7 +74,8 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
-    minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv, settings.update_epochs)
+    minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv == "batch",
+                                     settings.update_epochs)
     loss_function = _loss_function(settings, buffer.device)
     parameters = list(agent.parameters())
     adaptive = settings.adaptive_lr_kl is not None
@@ -210,7 +212,7 @@ class Updater:
                 group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
 
         self.buffer = buffer
-        table = buffer.sample_table(settings.norm_adv)
+        table = buffer.sample_table(settings.norm_adv == "batch")
         self.order = buffer.shuffled_order(settings.num_minibatches, torch.Generator(device).manual_seed(0))
         self.total = torch.zeros(len(STAT_NAMES), device=device)
         self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
@@ -238,7 +240,7 @@ class Updater:
         if buffer is not self.buffer:
             raise ValueError("Updater: the CUDA graph was captured on another RolloutBuffer")
         settings = self.settings
-        buffer.sample_table(settings.norm_adv)  # in place: the captured gathers read it
+        buffer.sample_table(settings.norm_adv == "batch")  # in place: the captured gathers read it
         self.total.zero_()
         epochs = 0
         for _ in range(settings.update_epochs):

@@ -48,6 +48,7 @@ def test_any_env_id_without_a_file():
     ("+ppo.clip_cof=0.1", "unknown setting `ppo.clip_cof`"),
     ("ppo.compile=yes", "`ppo.compile` must be true, false or auto, got 'yes'"),
     ("model.activation=gelu", "`model.activation` must be one of tanh, elu, relu, got 'gelu'"),
+    ("ppo.norm_adv=global", "`ppo.norm_adv` must be one of minibatch, batch, off, got 'global'"),
 ])
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -57,3 +58,15 @@ def test_invalid_values_name_the_key(override, message):
 @pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
 def test_compile_takes_auto_or_a_boolean(value, expected):
     assert compose_settings(f"ppo.compile={value}").ppo.compile == expected
+
+
+@pytest.mark.parametrize("value, expected", [("minibatch", "minibatch"), ("batch", "batch"), ("off", "off"),
+                                             ("true", "minibatch"), ("false", "off")])
+def test_norm_adv_takes_a_scope_or_cleanrl_boolean(value, expected):
+    # CleanRL's --norm-adv True normalises per minibatch: `true` means the same here.
+    assert compose_settings(f"ppo.norm_adv={value}").ppo.norm_adv == expected
+
+
+def test_the_ant_10m_experiment_normalises_over_the_batch_as_rl_games():
+    assert compose_settings("+experiment=ant_10m").ppo.norm_adv == "batch"
+    assert compose_settings().ppo.norm_adv == "minibatch"

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_STEPS, NUM_ENVS, OBS, ACT = 8, 3, 4, 2
 # One full-batch minibatch and no advantage normalisation: the mean loss over the combined batch is
 # then exactly the mean of the two workers' losses, so their averaged gradient is its gradient.
-SETTINGS = PPOSettings(num_minibatches=1, update_epochs=2, norm_adv=False)
+SETTINGS = PPOSettings(num_minibatches=1, update_epochs=2, norm_adv="off")
 
 
 def filled_buffer(seed: int, num_envs: int = NUM_ENVS) -> RolloutBuffer:

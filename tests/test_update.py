@@ -55,6 +55,8 @@ def cleanrl_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[to
     log_ratio = new_log_prob - mb.log_probs[keep]
     ratio = log_ratio.exp()
     adv, values, returns = mb.advantages[keep], mb.values[keep], mb.returns[keep]
+    if settings.norm_adv == "minibatch":
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - settings.clip_coef, 1 + settings.clip_coef)).mean()
     v_unclipped = (new_value - returns) ** 2
     v_clipped = (values + torch.clamp(new_value - values, -settings.clip_coef, settings.clip_coef) - returns) ** 2
@@ -67,12 +69,13 @@ def cleanrl_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[to
     return loss, stats
 
 
-@pytest.mark.parametrize("clip_vloss", [True, False])
-def test_loss_and_gradient_match_cleanrl(clip_vloss):
+@pytest.mark.parametrize("clip_vloss,norm_adv", [(True, "minibatch"), (False, "minibatch"), (True, "batch")])
+def test_loss_and_gradient_match_cleanrl(clip_vloss, norm_adv):
     torch.manual_seed(4)
     agent = Agent(5, 2, init_log_std=-0.3)
-    settings = PPOSettings(ent_coef=0.01, vf_coef=0.7, clip_coef=0.15, clip_vloss=clip_vloss)
+    settings = PPOSettings(ent_coef=0.01, vf_coef=0.7, clip_coef=0.15, clip_vloss=clip_vloss, norm_adv=norm_adv)
     mb = random_minibatch(37, seed=5)
+    mb.advantages.mul_(3.0).add_(0.5)  # far from normalised: per-minibatch normalisation must show
     mb.log_probs += 0.3 * torch.randn(37)  # ratios on both sides of the clip range
     mb.weights[[3, 17, 30]] = 0  # a few dummy samples, which both must ignore
 
