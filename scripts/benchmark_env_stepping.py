@@ -10,8 +10,11 @@ steps, (a) nothing, (b) a policy-sized MLP forward, (c) that plus 80 small torch
 a collection step does); then (d) with this project's `Agent` choosing each action from the
 current observation, as collection does, and (e) those same recorded policy actions replayed back
 to back with nothing between steps (do a policy's actions cost the simulator more than uniform
-noise?). It reports the rate of the `step` calls alone and of the whole loop, each mode twice,
-interleaved, to show the run-to-run swing.
+noise?); and (f) a busy wait and (g) a sleep of `--gap-us` between steps, with no work at all: if
+they slow the `step` calls as much as (d) does, what costs the simulator is the idle gap between
+its steps (its worker threads going to sleep and waking up), not what runs in that gap. It
+reports the rate of the `step` calls alone and of the whole loop, each mode twice, interleaved,
+to show the run-to-run swing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=0, help="envpool threads; 0: min(envs, CPUs)")
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--gap-us", type=float, default=0.0,
+                        help="idle gap of modes (f) and (g); 0: the agent's mean time per step in mode (d)")
     args = parser.parse_args()
     import envpool
 
@@ -60,6 +65,14 @@ def main() -> None:
             return recorded[-1]
         if mode == 4:
             return recorded[i]  # from the pass of mode 3 just before
+        if mode == 5:
+            until = time.perf_counter() + gap_s
+            while time.perf_counter() < until:
+                pass
+            return actions[i % 16]
+        if mode == 6:
+            time.sleep(gap_s)
+            return actions[i % 16]
         if mode >= 1:
             with torch.no_grad():
                 policy(torch.from_numpy(obs.reshape(args.num_envs, -1)).float())
@@ -70,11 +83,13 @@ def main() -> None:
         return actions[i % 16]
 
     names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops",
-             "policy acts between steps", "policy's actions replayed"]
+             "policy acts between steps", "policy's actions replayed", "busy wait between steps",
+             "sleep between steps"]
+    gap_s = args.gap_us * 1e-6
     print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'between steps':32s} {'step() only':>12s} {'whole loop':>12s}   (steps/s)")
-    for mode in (0, 1, 2, 3, 4, 0, 1, 2, 3, 4):
+    for mode in (0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6):
         if mode == 3:
             recorded.clear()
         for i in range(20):
@@ -88,7 +103,10 @@ def main() -> None:
             env_seconds += time.perf_counter() - t
         total = time.perf_counter() - start
         samples = args.steps * args.num_envs
-        print(f"{names[mode]:32s} {samples / env_seconds:12,.0f} {samples / total:12,.0f}", flush=True)
+        if mode == 3 and not args.gap_us:  # the idle gap of modes 5 and 6: the agent's time per step
+            gap_s = (total - env_seconds) / args.steps
+        gap = f"  ({gap_s * 1e6:.0f} us)" if mode in (5, 6) else ""
+        print(f"{names[mode]:32s} {samples / env_seconds:12,.0f} {samples / total:12,.0f}{gap}", flush=True)
     envs.close()
 
 
