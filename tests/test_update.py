@@ -99,12 +99,20 @@ def test_compiled_loss_matches_eager():
     torch.manual_seed(0)
     agent = Agent(5, 2)
     mb = random_minibatch(8, seed=3)
+    mb.advantages.mul_(3.0).add_(1.0)  # the per-minibatch normalisation (the default) has work to do
     mb.weights[5:] = 0
-    eager_loss, eager_stats = ppo_loss(agent, mb, PPOSettings())
+
+    def loss_stats_and_grads(loss_fn, settings):
+        agent.zero_grad()
+        loss, stats = loss_fn(agent, mb, settings)
+        loss.backward()
+        return [loss.detach(), stats] + [p.grad.clone() for p in agent.parameters()]
+
+    eager = loss_stats_and_grads(ppo_loss, PPOSettings())
     settings = PPOSettings(compile=True)
-    compiled_loss, compiled_stats = update._loss_function(settings, torch.device("cpu"))(agent, mb, settings)
-    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(compiled_stats, eager_stats, rtol=1e-5, atol=1e-6)
+    compiled = loss_stats_and_grads(update._loss_function(settings, torch.device("cpu")), settings)
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def filled_buffer(device: torch.device, seed: int, num_steps: int = 8, num_envs: int = 16):
