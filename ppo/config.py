@@ -35,7 +35,9 @@ class PPOSettings:
     gae_lambda: float = 0.95
     num_minibatches: int = 32
     update_epochs: int = 10
-    norm_adv: str = "minibatch"  # minibatch (CleanRL) | batch (once over the batch, rl_games) | off
+    # minibatch (CleanRL) | batch (once over the batch, rl_games) | off; CleanRL's boolean --norm-adv
+    # is accepted too: true normalises per minibatch, false is off (see __post_init__)
+    norm_adv: str | bool = "minibatch"
     clip_coef: float = 0.2
     clip_vloss: bool = True
     ent_coef: float = 0.0
@@ -48,6 +50,16 @@ class PPOSettings:
     reward_clip: float = 10.0
     compile: bool | str = "auto"  # torch.compile the loss and its backward; auto: only on CUDA (see ppo.update)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
+
+    def __post_init__(self):
+        # Here, not in the config parser, so that settings built in code mean the same: a bool that
+        # slipped through would otherwise compare unequal to every name and silently turn it off.
+        norm_adv = self.norm_adv
+        if isinstance(norm_adv, bool):
+            norm_adv = "minibatch" if norm_adv else "off"
+        if norm_adv not in NORM_ADV_CHOICES:
+            raise ConfigError(f"`ppo.norm_adv` must be one of {', '.join(NORM_ADV_CHOICES)}, got {norm_adv!r}")
+        object.__setattr__(self, "norm_adv", norm_adv)
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,10 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
         if not (isinstance(value, bool) or value == "auto"):
             raise ConfigError(f"`{key}` must be true, false or auto, got {value!r}")
         return value
-    if key == "ppo.norm_adv" and isinstance(value, bool):  # CleanRL's --norm-adv flag: per minibatch
-        return "minibatch" if value else "off"
+    if annotation == "str | bool":  # a named choice that also takes a boolean (the class maps it)
+        if not isinstance(value, (str, bool)):
+            raise ConfigError(f"`{key}` must be a name or true/false, got {value!r}")
+        return value
     if value is None:
         if default is None:
             return None
@@ -185,8 +199,6 @@ def _validate(s: TrainSettings) -> None:
 
     if s.model.activation not in ACTIVATIONS:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
-    if s.ppo.norm_adv not in NORM_ADV_CHOICES:
-        raise ConfigError(f"`ppo.norm_adv` must be one of {', '.join(NORM_ADV_CHOICES)}, got {s.ppo.norm_adv!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
         raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
     if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):

@@ -55,6 +55,7 @@ def main() -> None:
 
     agent = Agent(obs_dim, act_dim)
     recorded: list[np.ndarray] = []  # mode 3's policy actions, replayed by mode 4
+    gap_s = args.gap_us * 1e-6  # modes 5 and 6; set from mode 3's timing when --gap-us is 0
 
     def between_steps(mode: int, obs: np.ndarray, i: int) -> np.ndarray:
         """The work of `mode` before step i; returns the action to step with."""
@@ -85,7 +86,6 @@ def main() -> None:
     names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops",
              "policy acts between steps", "policy's actions replayed", "busy wait between steps",
              "sleep between steps"]
-    gap_s = args.gap_us * 1e-6
     print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'between steps':32s} {'step() only':>12s} {'whole loop':>12s}   (steps/s)")

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ppo.config import ConfigError, settings_from_dict
+from ppo.config import ConfigError, PPOSettings, settings_from_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
@@ -70,3 +70,9 @@ def test_norm_adv_takes_a_scope_or_cleanrl_boolean(value, expected):
 def test_the_ant_10m_experiment_normalises_over_the_batch_as_rl_games():
     assert compose_settings("+experiment=ant_10m").ppo.norm_adv == "batch"
     assert compose_settings().ppo.norm_adv == "minibatch"
+
+
+def test_norm_adv_means_the_same_when_settings_are_built_in_code():
+    assert PPOSettings(norm_adv=True).norm_adv == "minibatch" and PPOSettings(norm_adv=False).norm_adv == "off"
+    with pytest.raises(ConfigError, match="`ppo.norm_adv` must be one of"):
+        PPOSettings(norm_adv="global")
