@@ -37,7 +37,7 @@ from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs
 from ppo.logger import RunLogger, mean_of_last_episodes
-from ppo.normalize import ObservationNormalizer, RewardScaler
+from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
 
 
@@ -94,8 +94,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
 
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
+    value_normalizer = ValueNormalizer(device, ppo.normalize_values)
     agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std,
-                  settings.model.activation).to(device)
+                  settings.model.activation, value_normalizer).to(device)
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
@@ -103,9 +104,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     updater = Updater(agent, optimizer, ppo, graphs)
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
     reward_scaler = RewardScaler(envs.num_envs, ppo.gamma, device, ppo.reward_clip, ppo.normalize_rewards)
+    normalizers = {"obs_normalizer": obs_normalizer, "reward_scaler": reward_scaler,
+                   "value_normalizer": value_normalizer}  # checkpoint keys
     generator = torch.Generator(device).manual_seed(settings.seed)
     if checkpoint:
-        restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generator)
+        restore(checkpoint, agent, optimizer, normalizers, generator)
     distributed.broadcast_parameters(agent)
     if workers.world_size > 1:  # each worker samples actions and shuffles minibatches its own way
         torch.manual_seed(env_seed)
@@ -117,7 +120,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     steps_per_iteration = settings.batch_size * workers.world_size
 
     def state() -> dict:
-        return snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator)
+        return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator)
 
     if workers.is_main:
         write_run_info(run_dir, settings, device, workers.world_size)
@@ -146,6 +149,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             gae_s = synchronized_seconds(start, device)
 
             start = time.perf_counter()
+            value_normalizer.update(buffer.returns, buffer.valid)  # this update's targets in the critic's units
             stats = updater(buffer, generator)
             update_s = synchronized_seconds(start, device)
             stats["learning_rate"] = current_learning_rate(optimizer)  # after the update: adaptive rates move
@@ -222,25 +226,26 @@ def synchronized_seconds(start: float, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def snapshot(settings, iteration, global_step, agent, optimizer, obs_normalizer, reward_scaler, generator) -> dict:
+def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator) -> dict:
     return {
         "settings": dataclasses.asdict(settings), "iteration": iteration, "global_step": global_step,
         "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-        "obs_normalizer": obs_normalizer.state_dict(), "reward_scaler": reward_scaler.state_dict(),
+        **{name: normalizer.state_dict() for name, normalizer in normalizers.items()},
         "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
     }
 
 
-def restore(checkpoint, agent, optimizer, obs_normalizer, reward_scaler, generator) -> None:
+def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
     try:
         agent.load_state_dict(checkpoint["agent"])
     except RuntimeError as error:
         raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({error})") from error
     optimizer.load_state_dict(checkpoint["optimizer"])
-    obs_normalizer.load_state_dict(checkpoint["obs_normalizer"])
-    reward_scaler.load_state_dict(checkpoint["reward_scaler"])
+    for name, normalizer in normalizers.items():
+        if name in checkpoint:  # checkpoints from before value normalisation existed have no value_normalizer
+            normalizer.load_state_dict(checkpoint[name])
     generator.set_state(checkpoint["generator"].cpu())
     torch.set_rng_state(checkpoint["torch_rng"].cpu())
     if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():

@@ -1,5 +1,7 @@
 """The actor-critic: separate MLPs (tanh by default) for the Gaussian policy mean and the value, a learned
-state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action)."""
+state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action).
+With a `ValueNormalizer` (ppo.normalize_values), the critic's raw output is in normalised units and
+`get_value` returns it denormalised: every caller sees plain values."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import math
 
 import torch
 from torch import nn
+
+from ppo.normalize import ValueNormalizer
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -35,14 +39,16 @@ class Agent(nn.Module):
     """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0,
-                 activation: str = "tanh"):
+                 activation: str = "tanh", value_normalizer: ValueNormalizer | None = None):
         super().__init__()
+        self.value_normalizer = value_normalizer  # its statistics travel in checkpoints separately
         self.critic = _mlp(obs_dim, hidden_sizes, 1, 1.0, activation)
         self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, 0.01, activation)
         self.actor_log_std = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        value = self.critic(obs).squeeze(-1)
+        return self.value_normalizer.denormalize(value) if self.value_normalizer is not None else value
 
     def get_action_and_value(
         self, obs: torch.Tensor, action: torch.Tensor | None = None

@@ -46,6 +46,7 @@ class PPOSettings:
     target_kl: float | None = None
     normalize_observations: bool = True
     normalize_rewards: bool = True
+    normalize_values: bool = False  # the critic learns returns in units of their running mean/std (rl_games)
     observation_clip: float = 10.0
     reward_clip: float = 10.0
     compile: bool | str = "auto"  # torch.compile the loss and its backward; auto: only on CUDA (see ppo.update)

@@ -3,6 +3,7 @@
 Observations: running mean/variance shared across envs, clipped. Rewards: divided by the running
 std of the discounted return (as gymnasium's NormalizeReward), whose accumulator restarts at
 episode ends, clipped. Both can be frozen (evaluation) and both do nothing when disabled.
+Values (off by default): the critic's output in units of the returns' running mean and std.
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ class RunningMeanStd:
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
 
-    def update(self, batch: torch.Tensor) -> None:
-        """Fold in a batch; under torchrun, every worker's batch (so all workers stay identical)."""
+    def update(self, batch: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """Fold in a batch; under torchrun, every worker's batch (so all workers stay identical).
+        With `weights` (`[B]`, 0 or 1), only the samples of weight 1 count (no host sync to pick them)."""
         batch = batch.to(torch.float64)
-        if distributed.active():
-            sums = torch.stack([torch.full_like(batch[0], batch.shape[0]), batch.sum(0), batch.square().sum(0)])
+        if distributed.active() or weights is not None:
+            w = torch.ones(batch.shape[0], dtype=torch.float64, device=batch.device) if weights is None \
+                else weights.to(torch.float64)
+            w = w.reshape(-1, *([1] * (batch.dim() - 1)))
+            sums = torch.stack([w.expand_as(batch).sum(0), (w * batch).sum(0), (w * batch.square()).sum(0)])
             count, total, squares = distributed.all_reduce_sum(sums)
             batch_count = count.flatten()[0]
-            batch_mean = total / batch_count
-            batch_var = (squares / batch_count - batch_mean.square()).clamp(min=0)
+            # No sample of weight 1 anywhere: the statistics stay as they are (0 / 1 instead of 0 / 0).
+            batch_mean = total / batch_count.clamp(min=1)
+            batch_var = (squares / batch_count.clamp(min=1) - batch_mean.square()).clamp(min=0)
         else:
             batch_mean = batch.mean(0)
             batch_var = batch.var(0, unbiased=False)
@@ -94,3 +100,42 @@ class RewardScaler:
         self.rms.load_state_dict(state)
         if state["discounted_return"].shape == self.discounted_return.shape:
             self.discounted_return.copy_(state["discounted_return"])
+
+
+class ValueNormalizer:
+    """rl_games' `normalize_value`: the critic's raw output is in units of the running mean and std
+    of the returns it is trained on. `denormalize` turns it into a value (the agent does this, so
+    collection and GAE see plain values); the loss measures its errors in the normalised units, so
+    the value loss keeps one scale however the returns grow. Disabled, both maps are the identity.
+
+    `update` folds in an iteration's returns before the update; `mean` and `std` are float32
+    tensors changed in place, which the captured collection and update graphs read."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.rms = RunningMeanStd((), device)
+        self.enabled = enabled
+        self.mean = torch.zeros((), device=device)
+        self.std = torch.ones((), device=device)
+
+    def update(self, returns: torch.Tensor, valid: torch.Tensor) -> None:
+        """Fold in the returns of the valid samples (`valid`: the buffer's flags, any shape)."""
+        if self.enabled:
+            self.rms.update(returns.reshape(-1), valid.reshape(-1))
+            self._publish()
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        return (values - self.mean) / self.std if self.enabled else values
+
+    def denormalize(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw * self.std + self.mean if self.enabled else raw
+
+    def _publish(self) -> None:
+        self.mean.copy_(self.rms.mean)
+        self.std.copy_(torch.sqrt(self.rms.var + 1e-8))
+
+    def state_dict(self) -> dict:
+        return self.rms.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rms.load_state_dict(state)
+        self._publish()

@@ -33,11 +33,16 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
     advantages = normalized_advantages(mb.advantages, mb.weights) if settings.norm_adv == "minibatch" else mb.advantages
     policy_loss = mean(torch.max(-advantages * ratio,
                                  -advantages * ratio.clamp(1 - settings.clip_coef, 1 + settings.clip_coef)))
+    # With ppo.normalize_values, in the units the critic learns in (rl_games' normalize_value): the
+    # returns' running mean and std, updated just before this update, also for the old values.
+    old_value, returns = mb.values, mb.returns
+    if agent.value_normalizer is not None:
+        new_value, old_value, returns = map(agent.value_normalizer.normalize, (new_value, old_value, returns))
     if settings.clip_vloss:
-        clipped_value = mb.values + (new_value - mb.values).clamp(-settings.clip_coef, settings.clip_coef)
-        value_loss = 0.5 * mean(torch.max((new_value - mb.returns).square(), (clipped_value - mb.returns).square()))
+        clipped_value = old_value + (new_value - old_value).clamp(-settings.clip_coef, settings.clip_coef)
+        value_loss = 0.5 * mean(torch.max((new_value - returns).square(), (clipped_value - returns).square()))
     else:
-        value_loss = 0.5 * mean((new_value - mb.returns).square())
+        value_loss = 0.5 * mean((new_value - returns).square())
     entropy_mean = mean(entropy)
     loss = policy_loss - settings.ent_coef * entropy_mean + settings.vf_coef * value_loss
     with torch.no_grad():

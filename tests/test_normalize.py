@@ -1,9 +1,10 @@
-"""Running normalisers: statistics match numpy's, freezing stops updates, state round-trips."""
+"""Running normalisers: statistics match numpy's, weights pick samples, freezing stops updates, state
+round-trips."""
 
 import numpy as np
 import torch
 
-from ppo.normalize import ObservationNormalizer, RewardScaler, RunningMeanStd
+from ppo.normalize import ObservationNormalizer, RewardScaler, RunningMeanStd, ValueNormalizer
 
 
 def test_running_mean_std_matches_the_whole_batch():
@@ -42,3 +43,38 @@ def test_state_round_trips():
     x = torch.randn(4, 3)
     a.frozen = b.frozen = True
     torch.testing.assert_close(a(x), b(x))
+
+
+def test_weighted_running_mean_std_counts_only_the_samples_of_weight_one():
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(500, 2, generator=g) * 3 + 1
+    keep = torch.rand(500, generator=g) > 0.3
+    weighted, selected = RunningMeanStd((2,), torch.device("cpu")), RunningMeanStd((2,), torch.device("cpu"))
+    for chunk, flags in zip(data.split(41), keep.split(41), strict=True):
+        garbage = torch.where(flags[:, None], chunk, torch.tensor(1e6))  # what weight 0 hides must not count
+        weighted.update(garbage, flags.float())
+        selected.update(chunk[flags])
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(weighted, name), getattr(selected, name))
+    before = {k: v.clone() for k, v in weighted.state_dict().items()}
+    weighted.update(torch.full((7, 2), 5.0), torch.zeros(7))  # nothing of weight 1: nothing changes
+    assert all(torch.equal(before[k], v) for k, v in weighted.state_dict().items())
+
+
+def test_value_normalizer_tracks_the_valid_returns_and_round_trips():
+    g = torch.Generator().manual_seed(2)
+    returns = torch.randn(16, 8, generator=g) * 40 + 100
+    valid = torch.rand(16, 8, generator=g) > 0.2
+    normalizer = ValueNormalizer(torch.device("cpu"))
+    normalizer.update(returns, valid)
+    expected = returns[valid].double()
+    torch.testing.assert_close(normalizer.mean, expected.mean().float(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(normalizer.std, expected.std(unbiased=False).float(), rtol=1e-4, atol=1e-4)
+    x = torch.randn(5, generator=g)
+    torch.testing.assert_close(normalizer.normalize(normalizer.denormalize(x)), x)
+    restored = ValueNormalizer(torch.device("cpu"))
+    restored.load_state_dict(normalizer.state_dict())
+    torch.testing.assert_close(restored.denormalize(x), normalizer.denormalize(x))
+    off = ValueNormalizer(torch.device("cpu"), enabled=False)
+    off.update(returns, valid)
+    assert off.normalize(x) is x and off.denormalize(x) is x and off.mean.item() == 0 and off.std.item() == 1

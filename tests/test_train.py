@@ -36,7 +36,7 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
-              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1"]
+              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true"]
     first = run_train(*common, "total_timesteps=512", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
     before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=False)
@@ -46,6 +46,8 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     assert (before["global_step"], after["global_step"]) == (512, 1024)
     assert after["iteration"] == before["iteration"] + 2
     assert after["obs_normalizer"]["count"] > before["obs_normalizer"]["count"]
+    # the value statistics travelled too, and took at most the two iterations' 2 x 4 x 64 returns
+    assert 0 < after["value_normalizer"]["count"] - before["value_normalizer"]["count"] <= 512
 
 
 def test_multirun_makes_one_dir_per_job(tmp_path):

@@ -93,6 +93,44 @@ def test_loss_and_gradient_match_cleanrl(clip_vloss, norm_adv):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_normalized_value_loss_is_measured_in_the_critics_units():
+    # rl_games' normalize_value: the raw critic output is compared with the returns and old values
+    # normalised by the running statistics; the agent's values are the denormalised output.
+    from ppo.normalize import ValueNormalizer
+
+    torch.manual_seed(6)
+    normalizer = ValueNormalizer(torch.device("cpu"))
+    normalizer.update(torch.randn(200) * 30 + 50, torch.ones(200))
+    agent = Agent(5, 2, value_normalizer=normalizer)
+    settings = PPOSettings(vf_coef=2.0, clip_coef=0.2)
+    mb = random_minibatch(29, seed=7)
+    mb.returns.mul_(30).add_(50)
+    mb.values.copy_(agent.get_value(mb.observations).detach() + 10 * torch.randn(29))  # some clipped, some not
+    mb.weights[[4, 11]] = 0
+    obs = mb.observations
+    torch.testing.assert_close(agent.get_value(obs), agent.critic(obs).squeeze(-1) * normalizer.std + normalizer.mean)
+
+    def value_part(loss_fn):
+        agent.zero_grad()
+        loss, stats = loss_fn(agent, mb, settings)
+        loss.backward()
+        return stats[1], agent.critic[0].weight.grad.clone()
+
+    def reference(agent, mb, settings):
+        keep = mb.weights > 0
+        raw = agent.critic(obs[keep]).squeeze(-1)
+        returns, old = normalizer.normalize(mb.returns[keep]), normalizer.normalize(mb.values[keep])
+        clipped = old + (raw - old).clamp(-settings.clip_coef, settings.clip_coef)
+        v_loss = 0.5 * torch.max((raw - returns) ** 2, (clipped - returns) ** 2).mean()
+        return settings.vf_coef * v_loss, torch.stack([v_loss.detach()] * 2)
+
+    (ours, ours_grad), (ref, ref_grad) = value_part(ppo_loss), value_part(reference)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    unnormalized = ppo_loss(Agent(5, 2), mb, settings)[1][1]
+    assert unnormalized > 100 * ours, "normalised errors are in units of the returns' std (30 here)"
+
+
 def test_compiled_loss_matches_eager():
     from ppo import update
 
@@ -129,10 +167,12 @@ def filled_buffer(device: torch.device, seed: int, num_steps: int = 8, num_envs:
 
 def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tuple[list, list]:
     """Three updates on changing buffer contents and learning rates; parameters and stats after each."""
+    from ppo.normalize import ValueNormalizer
     from ppo.update import Updater, current_learning_rate, make_optimizer, set_learning_rate
 
     torch.manual_seed(0)
-    agent = Agent(5, 2).to(device)
+    normalizer = ValueNormalizer(device, settings.normalize_values)
+    agent = Agent(5, 2, value_normalizer=normalizer).to(device)
     optimizer = make_optimizer(agent, settings, device, graphs)
     updater = Updater(agent, optimizer, settings, graphs)
     generator = torch.Generator(device).manual_seed(3)
@@ -144,6 +184,8 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
             getattr(buffer, name).copy_(getattr(fresh, name))
         if settings.adaptive_lr_kl is None:
             set_learning_rate(optimizer, 1e-2 / (iteration + 1))  # annealing must reach a captured step
+        buffer.returns.mul_(20 * (iteration + 1)).add_(10)  # the value statistics move between updates
+        normalizer.update(buffer.returns, buffer.valid)  # as train.py does, before the update
         result = updater(buffer, generator)
         result["learning_rate"] = current_learning_rate(optimizer)
         stats.append(torch.stack([result[k].float().cpu() for k in sorted(result)]))
@@ -151,9 +193,10 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
     return parameters, stats
 
 
-def test_updater_without_graphs_is_ppo_update():
+@pytest.mark.parametrize("normalize_values", [False, True])
+def test_updater_without_graphs_is_ppo_update(normalize_values):
     # The CPU path: the Updater is the plain loop, and set_learning_rate sets float rates.
-    settings = PPOSettings(num_minibatches=4, update_epochs=2)
+    settings = PPOSettings(num_minibatches=4, update_epochs=2, normalize_values=normalize_values)
     params_a, stats_a = run_updates(torch.device("cpu"), False, settings)
     params_b, stats_b = run_updates(torch.device("cpu"), False, settings)
     for a, b in zip(params_a[-1] + stats_a, params_b[-1] + stats_b, strict=True):
@@ -162,13 +205,14 @@ def test_updater_without_graphs_is_ppo_update():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
-@pytest.mark.parametrize("target_kl, compile, adaptive_lr_kl",
-                         [(None, False, None), (1e-4, False, None), (None, True, None), (None, False, 1e-3)])
-def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile, adaptive_lr_kl):
+@pytest.mark.parametrize("target_kl, compile, adaptive_lr_kl, normalize_values",
+                         [(None, False, None, False), (1e-4, False, None, False), (None, True, None, False),
+                          (None, False, 1e-3, False), (None, False, None, True), (None, True, 1e-3, True)])
+def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile, adaptive_lr_kl, normalize_values):
     # Same seeds, same buffers, same annealed learning rates: replayed epochs must give the
     # parameters and statistics of the eager loop (the first update is eager in both).
     settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, compile=compile,
-                           adaptive_lr_kl=adaptive_lr_kl)
+                           adaptive_lr_kl=adaptive_lr_kl, normalize_values=normalize_values)
     cuda = torch.device("cuda")
     eager_params, eager_stats = run_updates(cuda, False, settings)
     graph_params, graph_stats = run_updates(cuda, True, settings)
