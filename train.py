@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from buffers import RolloutBuffer
 from ppo import distributed
-from ppo.agent import Agent
+from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
@@ -95,8 +95,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
-    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std,
-                  settings.model.activation, value_normalizer).to(device)
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer).to(device)
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1

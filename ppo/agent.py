@@ -1,5 +1,6 @@
 """The actor-critic: separate MLPs (tanh by default) for the Gaussian policy mean and the value, a learned
-state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action).
+state-independent log-std, orthogonal initialisation (as in CleanRL's ppo_continuous_action). With
+`shared_trunk` (rl_games' `separate: False`), one MLP body feeds two linear heads instead.
 With a `ValueNormalizer` (ppo.normalize_values), the critic's raw output is in normalised units and
 `get_value` returns it denormalised: every caller sees plain values."""
 
@@ -10,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from ppo.config import ModelSettings
 from ppo.normalize import ValueNormalizer
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -25,30 +27,54 @@ def _layer(in_features: int, out_features: int, gain: float = math.sqrt(2)) -> n
 ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
 
 
-def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out_gain: float,
-         activation: str) -> nn.Sequential:
+def _body(in_features: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
     layers: list[nn.Module] = []
     for size in hidden_sizes:
         layers += [_layer(in_features, size), ACTIVATIONS[activation]()]
         in_features = size
-    layers.append(_layer(in_features, out_features, out_gain))
     return nn.Sequential(*layers)
+
+
+def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out_gain: float,
+         activation: str) -> nn.Sequential:
+    return nn.Sequential(*_body(in_features, hidden_sizes, activation),
+                         _layer(hidden_sizes[-1] if hidden_sizes else in_features, out_features, out_gain))
 
 
 class Agent(nn.Module):
     """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0,
-                 activation: str = "tanh", value_normalizer: ValueNormalizer | None = None):
+                 activation: str = "tanh", value_normalizer: ValueNormalizer | None = None,
+                 shared_trunk: bool = False):
         super().__init__()
         self.value_normalizer = value_normalizer  # its statistics travel in checkpoints separately
-        self.critic = _mlp(obs_dim, hidden_sizes, 1, 1.0, activation)
-        self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, 0.01, activation)
+        if shared_trunk:
+            # `critic` and `actor_mean` stay callable networks (trunk, head); the trunk's parameters
+            # appear once in parameters(), and get_action_and_value runs it once.
+            self.trunk = _body(obs_dim, hidden_sizes, activation)
+            features = hidden_sizes[-1]
+            self.critic = nn.Sequential(self.trunk, _layer(features, 1, 1.0))
+            self.actor_mean = nn.Sequential(self.trunk, _layer(features, act_dim, 0.01))
+        else:
+            self.trunk = None
+            self.critic = _mlp(obs_dim, hidden_sizes, 1, 1.0, activation)
+            self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, 0.01, activation)
         self.actor_log_std = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        value = self.critic(obs).squeeze(-1)
+        return self._value(self.critic(obs))
+
+    def _value(self, raw: torch.Tensor) -> torch.Tensor:
+        """The critic's `[B, 1]` output as `[B]` values (denormalised with ppo.normalize_values)."""
+        value = raw.squeeze(-1)
         return self.value_normalizer.denormalize(value) if self.value_normalizer is not None else value
+
+    def _mean_and_raw_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.trunk is None:
+            return self.actor_mean(obs), self.critic(obs)
+        features = self.trunk(obs)
+        return self.actor_mean[1](features), self.critic[1](features)
 
     def get_action_and_value(
         self, obs: torch.Tensor, action: torch.Tensor | None = None
@@ -57,14 +83,21 @@ class Agent(nn.Module):
 
         The diagonal Gaussian is written out rather than built as a torch.distributions.Normal:
         fewer ops per minibatch step, and no argument validation (a host sync per call)."""
-        mean = self.actor_mean(obs)
+        mean, raw_value = self._mean_and_raw_value(obs)
         log_std = self.actor_log_std.expand_as(mean)
         std = log_std.exp()
         if action is None:
             action = mean + std * torch.randn_like(mean)
         log_prob = (-0.5 * ((action - mean) / std).square() - log_std - _LOG_SQRT_2PI).sum(-1)
         entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
-        return action, log_prob, entropy, self.get_value(obs)
+        return action, log_prob, entropy, self._value(raw_value)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor_mean(obs)
+
+
+def make_agent(obs_dim: int, act_dim: int, model: ModelSettings,
+               value_normalizer: ValueNormalizer | None = None) -> Agent:
+    """The agent a run's `model.*` settings describe (training and evaluation build it here)."""
+    return Agent(obs_dim, act_dim, model.hidden_sizes, model.init_log_std, model.activation, value_normalizer,
+                 model.shared_trunk)

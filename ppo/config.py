@@ -68,6 +68,7 @@ class ModelSettings:
     hidden_sizes: tuple[int, ...] = (64, 64)
     init_log_std: float = 0.0
     activation: str = "tanh"  # tanh | elu | relu
+    shared_trunk: bool = False  # one MLP body for actor and critic, two linear heads (rl_games' separate: False)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ppo.agent import Agent  # noqa: E402
+from ppo.agent import make_agent  # noqa: E402
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
 from ppo.config import settings_from_dict  # noqa: E402
 from ppo.envs import make_envs  # noqa: E402
@@ -32,8 +32,7 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     env_settings = settings.env if num_envs is None else type(settings.env)(**{**vars(settings.env),
                                                                                "num_envs": num_envs})
     envs = make_envs(env_settings, device, seed)
-    agent = Agent(envs.obs_dim, envs.act_dim, settings.model.hidden_sizes, settings.model.init_log_std,
-                  settings.model.activation).to(device)
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model).to(device)
     agent.load_state_dict(checkpoint["agent"])
     normalizer = ObservationNormalizer(envs.obs_dim, device, settings.ppo.observation_clip,
                                        settings.ppo.normalize_observations)

@@ -36,7 +36,8 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
-              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true"]
+              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",
+              "model.shared_trunk=true"]
     first = run_train(*common, "total_timesteps=512", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
     before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=False)

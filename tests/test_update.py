@@ -69,10 +69,12 @@ def cleanrl_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[to
     return loss, stats
 
 
-@pytest.mark.parametrize("clip_vloss,norm_adv", [(True, "minibatch"), (False, "minibatch"), (True, "batch")])
-def test_loss_and_gradient_match_cleanrl(clip_vloss, norm_adv):
+@pytest.mark.parametrize("clip_vloss,norm_adv,shared_trunk",
+                         [(True, "minibatch", False), (False, "minibatch", False), (True, "batch", False),
+                          (True, "minibatch", True)])
+def test_loss_and_gradient_match_cleanrl(clip_vloss, norm_adv, shared_trunk):
     torch.manual_seed(4)
-    agent = Agent(5, 2, init_log_std=-0.3)
+    agent = Agent(5, 2, init_log_std=-0.3, shared_trunk=shared_trunk)
     settings = PPOSettings(ent_coef=0.01, vf_coef=0.7, clip_coef=0.15, clip_vloss=clip_vloss, norm_adv=norm_adv)
     mb = random_minibatch(37, seed=5)
     mb.advantages.mul_(3.0).add_(0.5)  # far from normalised: per-minibatch normalisation must show
