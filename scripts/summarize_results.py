@@ -4,11 +4,14 @@
 
 A run is a folder with `run_info.json` (written by train.py) and TensorBoard events. Per run, the
 score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
-from the end, from `charts/episodic_return` weighted by `charts/episodes`). Rows group runs by task
-and step budget, where a run launched with a Hydra experiment (`+experiment=ant_10m`) counts as its
-own task, `Ant-v4+ant_10m`, so runs of different configurations never pool as seeds. Per row:
-`mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock and SPS averaged over
-seeds (wall-clock: from the first to the last logged iteration of each process), and where they ran.
+from the end, from `charts/episodic_return` weighted by `charts/episodes`). Rows group runs by task,
+step budget and hardware, where a run's task names its configuration beyond the env file: a Hydra
+experiment (`+experiment=ant_10m` makes `Ant-v4+ant_10m`) and any override that changes what is
+learned (`Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016`), so runs of different configurations never pool
+as seeds (seed, device, threads, logging, checkpoints, compile and CUDA graphs do not count). Per
+row: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock and SPS averaged
+over seeds (wall-clock: from the first to the last logged iteration of each process), and where
+they ran. One plot per task and budget, all its runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,8 +75,7 @@ def load_run(path: Path) -> Run | None:
     episodes = {e.step: e.value for e in events.Scalars("charts/episodes")} if "charts/episodes" in tags else {}
     sps = events.Scalars("charts/SPS")
     budget = _budget(path) or sps[-1].step
-    experiment = _experiment(path)
-    task = f"{info['env_id']}+{experiment}" if experiment else info["env_id"]
+    task = info["env_id"] + _configuration(path)
     return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=info["hardware"],
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
@@ -94,15 +97,27 @@ def _wall_clock_s(path: Path) -> float:
     return total
 
 
-def _experiment(path: Path) -> str | None:
-    """The `experiment=` override the run was launched with (`.hydra/overrides.yaml`), if any."""
+# Overrides that change how or where a run executes, not what it learns (or that are its task and
+# budget, grouped on their own): runs differing only in these pool as seeds of one row.
+EXECUTION_KEYS = {"seed", "device", "log_every_s", "resume", "torch_threads", "total_timesteps", "env", "env.id",
+                  "env.num_threads", "ppo.compile", "ppo.cuda_graphs"}
+
+
+def _configuration(path: Path) -> str:
+    """What the run's overrides (`.hydra/overrides.yaml`) add to its env file: `+<experiment>`, then
+    each learning override as ` key=value`, sorted; "" for a run of the env file's defaults."""
     overrides = path / ".hydra" / "overrides.yaml"
-    if overrides.is_file():
-        for line in overrides.read_text().splitlines():
-            key, _, value = line.strip().lstrip("- ").lstrip("+").partition("=")
-            if key == "experiment":
-                return value.strip().strip("'\"")
-    return None
+    if not overrides.is_file():
+        return ""
+    experiment, others = "", []
+    for line in overrides.read_text().splitlines():
+        override = line.strip().removeprefix("- ").strip().strip("'\"")
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == "experiment":
+            experiment = f"+{value}"
+        elif key and key not in EXECUTION_KEYS and not key.startswith(("hydra.", "checkpoint.")):
+            others.append(f"{key}={value}")
+    return experiment + "".join(f" {o}" for o in sorted(others))
 
 
 def reference(task: str, steps: int) -> tuple[float, str] | None:
@@ -136,11 +151,11 @@ def find_runs(roots: list[Path], complete_only: bool = True) -> list[Run]:
 
 
 def summarize(runs: list[Run]) -> list[dict]:
-    groups: dict[tuple[str, int], list[Run]] = defaultdict(list)
+    groups: dict[tuple[str, int, str], list[Run]] = defaultdict(list)
     for run in runs:
-        groups[(run.task, run.budget)].append(run)
+        groups[(run.task, run.budget, run.hardware)].append(run)
     rows = []
-    for (task, budget), group in sorted(groups.items()):
+    for (task, budget, hardware), group in sorted(groups.items()):
         scores = np.array([r.score for r in group])
         wall = float(np.mean([r.wall_clock_s for r in group]))
         rows.append({
@@ -148,7 +163,7 @@ def summarize(runs: list[Run]) -> list[dict]:
             "mean": round(float(scores.mean()), 1), "std": round(float(scores.std()), 1),
             "wall_clock_s": round(wall, 1),
             "sps": round(float(np.mean([r.final_step / max(r.wall_clock_s, 1e-9) for r in group]))),
-            "hardware": "; ".join(sorted({r.hardware for r in group})),
+            "hardware": hardware,
         })
     return rows
 
@@ -159,6 +174,11 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def plot_name(task: str, budget: int) -> str:
+    """`<task>_<budget>.png`, the task's spaces and other characters unsafe in a file name as `_`."""
+    return re.sub(r"[^A-Za-z0-9+._-]", "_", f"{task}_{budget}") + ".png"
 
 
 def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
@@ -197,9 +217,9 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
                      f"{row['wall_clock_s']:,} | {row['sps']:,} | {row['hardware']} |")
     lines.append("")
-    for row in rows:
-        image = images / f"{row['task']}_{row['steps']}.png"
-        lines.append(f"![{row['task']} {row['steps']:,} steps]({image.relative_to(path.parent).as_posix()})")
+    for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
+        image = images / plot_name(task, budget)
+        lines.append(f"![{task} {budget:,} steps]({image.relative_to(path.parent).as_posix()})")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -214,9 +234,9 @@ def main() -> None:
         sys.exit(f"no runs (folders with run_info.json and TensorBoard events) under {[str(r) for r in args.roots]}")
     rows = summarize(runs)
     write_csv(rows, args.out / "results" / "baselines.csv")
-    for row in rows:
-        group = [r for r in runs if (r.task, r.budget) == (row["task"], row["steps"])]
-        plot(row["task"], row["steps"], group, args.out / "results" / f"{row['task']}_{row['steps']}.png")
+    for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
+        group = [r for r in runs if (r.task, r.budget) == (task, budget)]
+        plot(task, budget, group, args.out / "results" / plot_name(task, budget))
     write_markdown(rows, runs, args.out / "results.md", args.out / "results", args.note)
     for row in rows:
         print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))

@@ -15,10 +15,10 @@ summarize_results = pytest.importorskip("summarize_results")
 
 
 def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000,
-             overrides: tuple[str, ...] = ()) -> None:
+             overrides: tuple[str, ...] = (), hardware: str = "test box") -> None:
     """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
     path.mkdir(parents=True)
-    (path / "run_info.json").write_text(json.dumps({"env_id": task, "seed": seed, "hardware": "test box"}))
+    (path / "run_info.json").write_text(json.dumps({"env_id": task, "seed": seed, "hardware": hardware}))
     (path / ".hydra").mkdir()
     (path / ".hydra" / "config.yaml").write_text(f"seed: {seed}\ntotal_timesteps: {budget}\n")
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in (*overrides, f"seed={seed}")))
@@ -62,6 +62,24 @@ def test_runs_of_an_experiment_are_their_own_row(tmp_path):
     assert rows["Ant-v4"]["mean"] == pytest.approx(80.0) and rows["Ant-v4+ant_10m"]["mean"] == pytest.approx(240.0)
     assert summarize_results.reference("Ant-v4+ant_10m", 10_000_000) == summarize_results.REFERENCES[
         ("Ant-v4", 10_000_000)]
+
+
+def test_learning_overrides_and_hardware_split_rows_and_execution_overrides_do_not(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs / "a1", "Ant-v4", 1, 100.0, overrides=("+experiment=ant_10m", "device=cuda", "env.num_threads=16"))
+    fake_run(runs / "a2", "Ant-v4", 2, 300.0, overrides=("+experiment=ant_10m", "ppo.compile=false", "log_every_s=30",
+                                                        "hydra.run.dir=/tmp/x", "checkpoint.every=5"))
+    fake_run(runs / "kl", "Ant-v4", 1, 500.0, overrides=("+experiment=ant_10m", "ppo.adaptive_lr_kl=0.016",
+                                                        "'model.hidden_sizes=[8,8]'"))
+    fake_run(runs / "cpu", "Ant-v4", 3, 700.0, overrides=("+experiment=ant_10m",), hardware="other box")
+    rows = summarize_results.summarize(summarize_results.find_runs([runs]))
+    by_key = {(r["task"], r["hardware"]): r for r in rows}
+    assert set(by_key) == {("Ant-v4+ant_10m", "test box"), ("Ant-v4+ant_10m", "other box"),
+                           ("Ant-v4+ant_10m model.hidden_sizes=[8,8] ppo.adaptive_lr_kl=0.016", "test box")}
+    pooled = by_key[("Ant-v4+ant_10m", "test box")]
+    assert pooled["seeds"] == 2 and pooled["mean"] == pytest.approx(160.0)  # 0.8 x (100 + 300) / 2
+    assert summarize_results.plot_name("Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016", 10) == \
+        "Ant-v4+ant_10m_ppo.adaptive_lr_kl_0.016_10.png"
 
 
 def test_a_resumed_run_counts_its_training_time_not_the_pause(tmp_path):
