@@ -122,7 +122,7 @@ def _configuration(path: Path) -> str:
 
 def reference(task: str, steps: int) -> tuple[float, str] | None:
     """The public result drawn beside a task; an experiment's runs compare against their env's."""
-    return REFERENCES.get((task.split("+")[0], steps))
+    return REFERENCES.get((re.split(r"[+ ]", task)[0], steps))
 
 
 def _budget(path: Path) -> int | None:

@@ -78,6 +78,8 @@ def test_learning_overrides_and_hardware_split_rows_and_execution_overrides_do_n
                            ("Ant-v4+ant_10m model.hidden_sizes=[8,8] ppo.adaptive_lr_kl=0.016", "test box")}
     pooled = by_key[("Ant-v4+ant_10m", "test box")]
     assert pooled["seeds"] == 2 and pooled["mean"] == pytest.approx(160.0)  # 0.8 x (100 + 300) / 2
+    for task in ("Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016", "Ant-v4 ppo.adaptive_lr_kl=0.016"):
+        assert summarize_results.reference(task, 10_000_000) == summarize_results.REFERENCES[("Ant-v4", 10_000_000)]
     assert summarize_results.plot_name("Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016", 10) == \
         "Ant-v4+ant_10m_ppo.adaptive_lr_kl_0.016_10.png"
 
