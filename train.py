@@ -243,7 +243,8 @@ def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
         raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({error})") from error
     optimizer.load_state_dict(checkpoint["optimizer"])
     for name, normalizer in normalizers.items():
-        if name in checkpoint:  # checkpoints from before value normalisation existed have no value_normalizer
+        # Only a checkpoint from before value normalisation existed may lack one (of "value_normalizer").
+        if name in checkpoint or name != "value_normalizer":
             normalizer.load_state_dict(checkpoint[name])
     generator.set_state(checkpoint["generator"].cpu())
     torch.set_rng_state(checkpoint["torch_rng"].cpu())
