@@ -35,7 +35,7 @@ from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
-from ppo.envs import check_env_id, make_envs
+from ppo.envs import check_env_id, make_envs, simulator_version
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
@@ -198,6 +198,7 @@ def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, 
     hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
     info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
+            "simulator": simulator_version(settings.env.backend),
             "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})"}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run_info.json").write_text(json.dumps(info, indent=1))

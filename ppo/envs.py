@@ -61,6 +61,46 @@ def _known_ids(backend: str) -> set[str]:
     return set(gymnasium.registry.keys())
 
 
+def simulator_version(backend: str) -> str:
+    """The simulator build a run used, e.g. "envpool 1.2.5, MuJoCo 3.6.0", for run_info.json.
+
+    Recorded because results depend on it: PPO's Ant-v4 scores differ between envpool 1.2.5
+    (MuJoCo 3.6.0) and 1.2.7 (MuJoCo 3.11.0) (docs/results.md). envpool carries its own MuJoCo
+    inside its extension, whatever `mujoco` package is installed beside it (4.0.0 on both hosts),
+    so the version is asked of the extension itself.
+    """
+    if backend == "envpool":
+        import envpool
+
+        name = f"envpool {envpool.__version__}"
+        mujoco = _envpool_mujoco_version(os.path.dirname(envpool.__file__))
+    else:
+        import gymnasium
+
+        name = f"gymnasium {gymnasium.__version__}"
+        try:
+            import mujoco as mujoco_module
+
+            mujoco = mujoco_module.mj_versionString()
+        except ImportError:
+            mujoco = None
+    return f"{name}, MuJoCo {mujoco}" if mujoco else name
+
+
+def _envpool_mujoco_version(package_dir: str) -> str | None:
+    import ctypes
+    import glob
+
+    for library in glob.glob(os.path.join(package_dir, "mujoco", "mujoco_gym_envpool*.so")):
+        try:
+            version_string = ctypes.CDLL(library).mj_versionString
+        except (OSError, AttributeError):
+            continue
+        version_string.restype = ctypes.c_char_p
+        return version_string().decode()
+    return None
+
+
 def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
     """Start `settings.num_envs` environments of `settings.id` (call `check_env_id` first)."""
     if settings.backend == "envpool":

@@ -21,7 +21,7 @@ import csv
 import json
 import re
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +76,10 @@ def load_run(path: Path) -> Run | None:
     sps = events.Scalars("charts/SPS")
     budget = _budget(path) or sps[-1].step
     task = info["env_id"] + _configuration(path)
-    return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=info["hardware"],
+    # The simulator build counts as hardware: the same code and seeds score differently on another
+    # MuJoCo (docs/results.md), so such runs must not pool. Runs from before it was recorded lack it.
+    hardware = "; ".join(filter(None, (info["hardware"], info.get("simulator"))))
+    return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=hardware,
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
                final_step=sps[-1].step, wall_clock_s=_wall_clock_s(path))
@@ -156,6 +159,11 @@ def summarize(runs: list[Run]) -> list[dict]:
         groups[(run.task, run.budget, run.hardware)].append(run)
     rows = []
     for (task, budget, hardware), group in sorted(groups.items()):
+        seeds = Counter(r.seed for r in group)
+        if max(seeds.values()) > 1:
+            twice = [str(r.path) for r in group if seeds[r.seed] > 1]
+            raise ValueError(f"{task}, {budget:,} steps on {hardware}: a seed appears more than once, so it would "
+                             f"count twice in the mean: {', '.join(twice)}. Pass each run once.")
         scores = np.array([r.score for r in group])
         wall = float(np.mean([r.wall_clock_s for r in group]))
         rows.append({
@@ -182,22 +190,30 @@ def plot_name(task: str, budget: int) -> str:
 
 
 def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
+    """One figure per task and budget: per hardware row (machine and simulator build), the mean over
+    its seeds and their min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    start = max(r.steps[0] for r in group)  # where every seed has logged an episode
-    grid = np.linspace(start, budget, 200)
-    curves = np.stack([np.interp(grid, r.steps, r.returns) for r in group])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(grid, curves.mean(axis=0), label=f"ppo-triton, mean of {len(group)} seeds")
-    ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), alpha=0.25, label="min-max over seeds")
+    by_hardware: dict[str, list[Run]] = defaultdict(list)
+    for run in group:
+        by_hardware[run.hardware].append(run)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for hardware, runs in sorted(by_hardware.items()):
+        start = max(r.steps[0] for r in runs)  # where every seed has logged an episode
+        grid = np.linspace(start, budget, 200)
+        curves = np.stack([np.interp(grid, r.steps, r.returns) for r in runs])
+        label = f"{hardware}: mean of {len(runs)} seed{'s' if len(runs) > 1 else ''}"
+        (line,) = ax.plot(grid, curves.mean(axis=0), label=label if len(by_hardware) > 1 else f"ppo-triton, {label}")
+        ax.fill_between(grid, curves.min(axis=0), curves.max(axis=0), alpha=0.25 if len(by_hardware) == 1 else 0.12,
+                        color=line.get_color())
     if reference(task, budget):
         value, source = reference(task, budget)
         ax.axhline(value, color="black", linestyle="--", label=f"{source}: {value}")
     ax.set(title=f"{task}, {budget:,} steps", xlabel="environment steps", ylabel="episodic return")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=6, title="shaded: min-max over seeds", title_fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -232,7 +248,10 @@ def main() -> None:
     runs = find_runs(args.roots)
     if not runs:
         sys.exit(f"no runs (folders with run_info.json and TensorBoard events) under {[str(r) for r in args.roots]}")
-    rows = summarize(runs)
+    try:
+        rows = summarize(runs)
+    except ValueError as error:
+        sys.exit(str(error))
     write_csv(rows, args.out / "results" / "baselines.csv")
     for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
         group = [r for r in runs if (r.task, r.budget) == (task, budget)]

@@ -15,10 +15,13 @@ summarize_results = pytest.importorskip("summarize_results")
 
 
 def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000,
-             overrides: tuple[str, ...] = (), hardware: str = "test box") -> None:
+             overrides: tuple[str, ...] = (), hardware: str = "test box", simulator: str | None = None) -> None:
     """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
     path.mkdir(parents=True)
-    (path / "run_info.json").write_text(json.dumps({"env_id": task, "seed": seed, "hardware": hardware}))
+    info = {"env_id": task, "seed": seed, "hardware": hardware}
+    if simulator is not None:
+        info["simulator"] = simulator
+    (path / "run_info.json").write_text(json.dumps(info))
     (path / ".hydra").mkdir()
     (path / ".hydra" / "config.yaml").write_text(f"seed: {seed}\ntotal_timesteps: {budget}\n")
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in (*overrides, f"seed={seed}")))
@@ -82,6 +85,27 @@ def test_learning_overrides_and_hardware_split_rows_and_execution_overrides_do_n
         assert summarize_results.reference(task, 10_000_000) == summarize_results.REFERENCES[("Ant-v4", 10_000_000)]
     assert summarize_results.plot_name("Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016", 10) == \
         "Ant-v4+ant_10m_ppo.adaptive_lr_kl_0.016_10.png"
+
+
+def test_runs_on_another_simulator_build_get_their_own_row(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs / "a", "Ant-v4", 1, 100.0, simulator="envpool 1.2.5, MuJoCo 3.6.0")
+    fake_run(runs / "b", "Ant-v4", 2, 300.0, simulator="envpool 1.2.5, MuJoCo 3.6.0")
+    fake_run(runs / "c", "Ant-v4", 1, 500.0, simulator="envpool 1.2.7, MuJoCo 4.0.0")
+    fake_run(runs / "d", "Ant-v4", 3, 700.0)  # recorded before run_info named the simulator
+    rows = {r["hardware"]: r for r in summarize_results.summarize(summarize_results.find_runs([runs]))}
+    assert set(rows) == {"test box; envpool 1.2.5, MuJoCo 3.6.0", "test box; envpool 1.2.7, MuJoCo 4.0.0", "test box"}
+    assert rows["test box; envpool 1.2.5, MuJoCo 3.6.0"]["seeds"] == 2
+    assert rows["test box; envpool 1.2.5, MuJoCo 3.6.0"]["mean"] == pytest.approx(160.0)
+
+
+def test_a_seed_passed_twice_is_an_error_not_a_double_weight(tmp_path):
+    runs = tmp_path / "runs"
+    fake_run(runs / "a", "Ant-v4", 1, 100.0)
+    fake_run(runs / "b", "Ant-v4", 2, 300.0)
+    fake_run(runs / "a_copy", "Ant-v4", 1, 100.0)
+    with pytest.raises(ValueError, match="seed appears more than once.*a_copy"):
+        summarize_results.summarize(summarize_results.find_runs([runs]))
 
 
 def test_a_resumed_run_counts_its_training_time_not_the_pause(tmp_path):

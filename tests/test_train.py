@@ -1,6 +1,7 @@
 """train.py end to end on CPU: smoke runs on both backends, TensorBoard, checkpoints, resume,
 multirun, error messages, the NaN guard, and (slow, still run in CI) learning InvertedPendulum."""
 
+import json
 import re
 import subprocess
 import sys
@@ -32,6 +33,9 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
     checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 2
+    # The simulator build is part of what a result depends on: run_info names it, MuJoCo included.
+    info = json.loads((tmp_path / "run_info.json").read_text())
+    assert re.fullmatch(rf"{backend} [0-9.]+, MuJoCo [0-9]+\.[0-9]+\.[0-9]+", info["simulator"]), info["simulator"]
 
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
