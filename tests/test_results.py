@@ -131,7 +131,9 @@ def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
     lines = result.stdout.splitlines()
     assert "env=HalfCheetah-v4,Hopper-v4,Walker2d-v4,Ant-v4,Humanoid-v4,InvertedPendulum-v4" in lines[0]
     assert "seed=1,2,3" in lines[0] and "total_timesteps=1000000" in lines[0]
-    assert "env=Ant-v4" in lines[1] and "+experiment=ant_10m_adaptive" in lines[1] and "total_timesteps" not in lines[1]
+    ant_10m = lines[1].split()
+    assert "env=Ant-v4" in ant_10m and "+experiment=ant_10m" in ant_10m and "seed=1,2,3" in ant_10m
+    assert not any(word.startswith("total_timesteps") for word in ant_10m)  # the experiment sets 10M
     assert "summarize_results.py" in lines[2]
 
 
@@ -140,7 +142,7 @@ def test_reproduction_takes_another_10m_experiment_and_rejects_unknown_ones():
         return subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--dry-run", *args], cwd=ROOT,
                               capture_output=True, text=True)
 
-    result = dry_run("--ant-10m-experiment", "ant_10m")
-    assert result.returncode == 0 and "+experiment=ant_10m " in result.stdout.splitlines()[1]  # not _adaptive
+    result = dry_run("--ant-10m-experiment", "ant_10m_adaptive")
+    assert result.returncode == 0 and "+experiment=ant_10m_adaptive" in result.stdout.splitlines()[1].split()
     result = dry_run("--ant-10m-experiment", "ant_1m")
     assert result.returncode == 2 and "invalid choice: 'ant_1m'" in result.stderr
