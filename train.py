@@ -36,6 +36,7 @@ from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, make_envs, simulator_version
+from ppo.fused_update import unsupported_reason
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
@@ -99,6 +100,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
+    if ppo.fused_update and (reason := unsupported_reason(agent, ppo, device, workers.world_size)):
+        raise ConfigError(f"ppo.fused_update=true cannot run this configuration: {reason}")
     optimizer = make_optimizer(agent, ppo, device, graphs)
     updater = Updater(agent, optimizer, ppo, graphs)
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
@@ -123,13 +126,16 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
 
     if workers.is_main:
         write_run_info(run_dir, settings, device, workers.world_size)
-        fast_paths = [name for name, on in (("CUDA graphs", graphs), ("compiled loss", compiles(ppo, device))) if on]
+        fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
+                                            ("compiled loss", compiles(ppo, device) and not ppo.fused_update)) if on]
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs x {workers.world_size} "
               f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
               f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
-            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off; a compile takes "
-                  "~25 s on the lent H200 host, ~16 s on a 2-core CPU)", flush=True)
+            compile_time = (" (torch.compile takes ~25 s on the lent H200 host, ~16 s on a 2-core CPU)"
+                            if "compiled loss" in fast_paths else "")
+            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}",
+                  flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):

@@ -51,6 +51,8 @@ class PPOSettings:
     reward_clip: float = 10.0
     compile: bool | str = "auto"  # torch.compile the loss and its backward; auto: only on CUDA (see ppo.update)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
+    # each minibatch step as one Triton kernel (ppo.fused_update; the default model, one CUDA device)
+    fused_update: bool = False
 
     def __post_init__(self):
         # Here, not in the config parser, so that settings built in code mean the same: a bool that

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from buffers import Minibatch, RolloutBuffer, normalized_advantages
+from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
 from ppo.agent import Agent
 from ppo.config import PPOSettings
+from ppo.fused_update import FusedStep, ensure_adam_state
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "old_approx_kl")
 
@@ -108,6 +109,34 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     return update_result(total, count, epochs, buffer)
 
 
+def fused_ppo_update(step: FusedStep, optimizer: torch.optim.Optimizer, buffer: RolloutBuffer,
+                     settings: PPOSettings, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """`ppo_update` with every minibatch step one fused kernel (ppo.fused_update): the same
+    permutations, epochs, learning-rate rules and results."""
+    table = buffer.sample_table(settings.norm_adv == "batch")
+    total = torch.zeros(len(STAT_NAMES), device=buffer.device)
+    stats = torch.zeros(len(STAT_NAMES), device=buffer.device)
+    epochs = 0
+    for _ in range(settings.update_epochs):
+        order = buffer.shuffled_order(settings.num_minibatches, generator)
+        fused_epoch(step, optimizer, table, order, total, stats, settings)
+        epochs += 1
+        if settings.target_kl is not None and stats[3].item() > settings.target_kl:
+            break
+    return update_result(total, epochs * settings.num_minibatches, epochs, buffer)
+
+
+def fused_epoch(step: FusedStep, optimizer: torch.optim.Optimizer, table: SampleTable, order: torch.Tensor,
+                total: torch.Tensor, stats: torch.Tensor, settings: PPOSettings) -> None:
+    """One epoch of fused steps over the minibatches `order` (`[num_minibatches, B]`), then the
+    adaptive rate's rule on the epoch's mean KL, read off `total` (no kernel per step for it)."""
+    kl_before = total[3].clone() if settings.adaptive_lr_kl is not None else None
+    for rows in order:
+        step(table.data, rows, total, stats)
+    if kl_before is not None:
+        adapt_learning_rate(optimizer, (total[3] - kl_before) / settings.num_minibatches, settings.adaptive_lr_kl)
+
+
 def update_result(total: torch.Tensor, count: int, epochs: int, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
     """What an update returns: each stat averaged over the `count` minibatches run (summed in
     `total`), `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
@@ -194,20 +223,32 @@ class Updater:
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, graphs: bool = False):
         self.agent, self.optimizer, self.settings, self.graphs = agent, optimizer, settings, graphs
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.fused_step: FusedStep | None = None  # built at the first update (after any checkpoint restore)
 
     def __call__(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if not self.graphs:
-            return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator)
+            return self._eager_update(buffer, generator)
         if self.graph is None:
             return self._warm_up_and_capture(buffer, generator)
         return self._replay(buffer, generator)
+
+    def _eager_update(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        if not self.settings.fused_update:
+            return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator)
+        return fused_ppo_update(self._fused_step(), self.optimizer, buffer, self.settings, generator)
+
+    def _fused_step(self) -> FusedStep:
+        if self.fused_step is None:
+            ensure_adam_state(self.optimizer)
+            self.fused_step = FusedStep(self.agent, self.optimizer, self.settings)
+        return self.fused_step
 
     def _warm_up_and_capture(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         settings, device = self.settings, buffer.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            result = ppo_update(self.agent, self.optimizer, buffer, settings, generator)
+            result = self._eager_update(buffer, generator)
         torch.cuda.current_stream(device).wait_stream(side)
         for group in self.optimizer.param_groups:
             # A checkpoint of an eager run may have brought `capturable=False` and a float rate,
@@ -221,10 +262,14 @@ class Updater:
         self.order = buffer.shuffled_order(settings.num_minibatches, torch.Generator(device).manual_seed(0))
         self.total = torch.zeros(len(STAT_NAMES), device=device)
         self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
+        self.graph = torch.cuda.CUDAGraph()
+        if settings.fused_update:
+            with torch.cuda.graph(self.graph):
+                fused_epoch(self.fused_step, self.optimizer, table, self.order, self.total, self.last_stats, settings)
+            return result
         self.epoch_kl = epoch_kl = torch.zeros((), device=device)  # kept: the graph reads and writes it
         loss_function = _loss_function(settings, device)
         parameters = list(self.agent.parameters())
-        self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             for index in range(settings.num_minibatches):
                 loss, stats = loss_function(self.agent, table.select(self.order[index]), settings)

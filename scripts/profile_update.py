@@ -2,6 +2,7 @@
 
     python scripts/profile_update.py                 # Ant-v4 sizes, CleanRL's schedule
     python scripts/profile_update.py --compile       # with ppo.compile
+    python scripts/profile_update.py --fused         # with ppo.fused_update (one kernel per step)
 
 Builds an agent and a rollout buffer of random data at Ant-v4's sizes (27 observations, 8 actions,
 64 envs x 32 steps), runs one update eagerly (the CUDA-graph warm-up), then profiles the next,
@@ -26,12 +27,13 @@ from ppo.update import Updater, make_optimizer  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--fused", action="store_true", help="ppo.fused_update: one Triton kernel per minibatch step")
     parser.add_argument("--obs-dim", type=int, default=27)
     parser.add_argument("--act-dim", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")
     args = parser.parse_args()
     device = torch.device("cuda")
-    settings = PPOSettings(compile=args.compile)
+    settings = PPOSettings(compile=args.compile, fused_update=args.fused)
     agent = Agent(args.obs_dim, args.act_dim).to(device)
     buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
     for name in ("observations", "actions", "values", "advantages", "returns"):
@@ -48,7 +50,7 @@ def main() -> None:
     end.record()
     end.synchronize()
     steps = settings.update_epochs * settings.num_minibatches
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}: one replayed "
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, fused={args.fused}: one replayed "
           f"update = {steps} minibatch steps, {start.elapsed_time(end):.1f} ms wall")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         updater(buffer, generator)

@@ -1,0 +1,238 @@
+"""One PPO minibatch step, the whole of it, as one Triton kernel: gather the minibatch's rows, run
+the actor and critic MLPs forward, the clipped-surrogate and value losses, their backward pass by
+hand, global-norm gradient clipping and Adam, in a single program.
+
+Why: CleanRL's schedule takes 320 optimiser steps on 64-sample minibatches per 2,048 samples. Each
+step is tiny (~5 MFLOP), so its cost is the count of kernels it launches: ~50 even after
+torch.compile and CUDA graphs, ~32 ms per update on an H200 (docs/benchmarks.md), where issue 4
+needs ~15 ms. One program per step holds every activation in registers; the GPU is mostly idle
+either way, so a step's latency, not its throughput, is what counts.
+
+Scope: the default model only (`ppo.fused_update.supports` says exactly which): separate actor
+and critic MLPs with two tanh hidden layers, a state-independent log-std, Adam without weight
+decay, one process. The math is `ppo.update.ppo_loss` followed by `loss.backward()`,
+`clip_grad_norm_` and `torch.optim.Adam.step()`, including torch's gradient at ties of `max` (split
+in half) and at the bounds of `clamp` (passed); `tests/test_fused_update.py` checks it against
+them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2 / (e^2x + 1): exact limits at +-inf, ~1e-7 absolute error near 0 (fp32).
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _offsets_t(n_in, n_out, IN_P: tl.constexpr, OUT_P: tl.constexpr):
+    """Offsets and mask of an `nn.Linear` weight (`[n_out, n_in]`, row-major) seen transposed, as
+    an `[IN_P, OUT_P]` tile: `x @ tile` is the layer."""
+    i = tl.arange(0, IN_P)[:, None]
+    o = tl.arange(0, OUT_P)[None, :]
+    return o * n_in + i, (i < n_in) & (o < n_out)
+
+
+@triton.jit
+def _dot(a, b):
+    # fp32 throughout: TF32 would round the inputs to 10 bits and part from torch's update.
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _adam(param_ptr, m_ptr, v_ptr, offsets, mask, grad, lr_over_bc1, beta1, beta2, eps, bc2_sqrt):
+    """torch.optim.Adam's update of one tensor (no weight decay, no amsgrad), in place."""
+    param = tl.load(param_ptr + offsets, mask=mask, other=0.0)
+    m = tl.load(m_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
+    m = m + (1.0 - beta1) * (grad - m)  # torch's lerp form of beta1 * m + (1 - beta1) * grad
+    v = beta2 * v + (1.0 - beta2) * grad * grad
+    param = param - lr_over_bc1 * m / (tl.sqrt(v) / bc2_sqrt + eps)
+    tl.store(param_ptr + offsets, param, mask=mask)
+    tl.store(m_ptr + offsets, m, mask=mask)
+    tl.store(v_ptr + offsets, v, mask=mask)
+
+
+@triton.jit
+def _max_grad_split(first, second):
+    """The share of `max(first, second)`'s gradient that goes to `first`, as torch: 1, 0, or half
+    at a tie."""
+    return tl.where(first > second, 1.0, tl.where(first == second, 0.5, 0.0))
+
+
+@triton.jit
+def ppo_minibatch_step_kernel(
+    table_ptr, table_stride, order_ptr, batch,
+    # actor: W1 [H1, OBS], b1, W2 [H2, H1], b2, W3 [ACT, H2], b3, log-std [ACT]; critic: W1, b1, W2, b2, W3 [1, H2], b3
+    aw1, ab1, aw2, ab2, aw3, ab3, als, cw1, cb1, cw2, cb2, cw3, cb3,
+    m_aw1, m_ab1, m_aw2, m_ab2, m_aw3, m_ab3, m_als, m_cw1, m_cb1, m_cw2, m_cb2, m_cw3, m_cb3,
+    v_aw1, v_ab1, v_aw2, v_ab2, v_aw3, v_ab3, v_als, v_cw1, v_cb1, v_cw2, v_cb2, v_cw3, v_cb3,
+    steps_ptr, num_step_tensors, lr_ptr, total_ptr, stats_ptr,
+    clip_coef, vf_coef, ent_coef, max_grad_norm, beta1, beta2, eps,
+    OBS: tl.constexpr, ACT: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
+    BLOCK_B: tl.constexpr, OBS_P: tl.constexpr, ACT_P: tl.constexpr, H1_P: tl.constexpr, H2_P: tl.constexpr,
+    CLIP_VLOSS: tl.constexpr, NORM_ADV: tl.constexpr, STEPS_P: tl.constexpr,
+):
+    # ---- the minibatch: `batch` rows of the sample table, named by `order_ptr`
+    rows = tl.arange(0, BLOCK_B)
+    in_batch = rows < batch
+    row_ptr = table_ptr + tl.load(order_ptr + rows, mask=in_batch, other=0).to(tl.int64) * table_stride
+    obs_cols = tl.arange(0, OBS_P)
+    act_cols = tl.arange(0, ACT_P)
+    is_act = act_cols < ACT
+    x = tl.load(row_ptr[:, None] + obs_cols[None, :], mask=in_batch[:, None] & (obs_cols < OBS)[None, :], other=0.0)
+    action = tl.load(row_ptr[:, None] + OBS + act_cols[None, :], mask=in_batch[:, None] & is_act[None, :], other=0.0)
+    old_log_prob = tl.load(row_ptr + OBS + ACT, mask=in_batch, other=0.0)
+    old_value = tl.load(row_ptr + OBS + ACT + 1, mask=in_batch, other=0.0)
+    advantage = tl.load(row_ptr + OBS + ACT + 2, mask=in_batch, other=0.0)
+    returns = tl.load(row_ptr + OBS + ACT + 3, mask=in_batch, other=0.0)
+    weight = tl.load(row_ptr + OBS + ACT + 4, mask=in_batch, other=0.0)  # 0: a dummy step (or padding)
+
+    # ---- forward
+    off_w1, mask_w1 = _offsets_t(OBS, H1, OBS_P, H1_P)
+    off_w2, mask_w2 = _offsets_t(H1, H2, H1_P, H2_P)
+    off_aw3, mask_aw3 = _offsets_t(H2, ACT, H2_P, ACT_P)
+    h1_cols = tl.arange(0, H1_P)
+    h2_cols = tl.arange(0, H2_P)
+    a_w1 = tl.load(aw1 + off_w1, mask=mask_w1, other=0.0)
+    a_w2 = tl.load(aw2 + off_w2, mask=mask_w2, other=0.0)
+    a_w3 = tl.load(aw3 + off_aw3, mask=mask_aw3, other=0.0)
+    a_h1 = _tanh(_dot(x, a_w1) + tl.load(ab1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
+    a_h2 = _tanh(_dot(a_h1, a_w2) + tl.load(ab2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
+    mean = _dot(a_h2, a_w3) + tl.load(ab3 + act_cols, mask=is_act, other=0.0)[None, :]
+    log_std = tl.load(als + act_cols, mask=is_act, other=0.0)
+    z = tl.where(is_act[None, :], (action - mean) * tl.exp(-log_std)[None, :], 0.0)
+    log_prob = tl.sum(tl.where(is_act[None, :], -0.5 * z * z - log_std[None, :] - LOG_SQRT_2PI, 0.0), axis=1)
+    entropy = tl.sum(tl.where(is_act, 0.5 + LOG_SQRT_2PI + log_std, 0.0), axis=0)  # the same for every sample
+
+    c_w1 = tl.load(cw1 + off_w1, mask=mask_w1, other=0.0)
+    c_w2 = tl.load(cw2 + off_w2, mask=mask_w2, other=0.0)
+    c_w3 = tl.load(cw3 + h2_cols, mask=h2_cols < H2, other=0.0)
+    c_h1 = _tanh(_dot(x, c_w1) + tl.load(cb1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
+    c_h2 = _tanh(_dot(c_h1, c_w2) + tl.load(cb2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
+    value = tl.sum(c_h2 * c_w3[None, :], axis=1) + tl.load(cb3)
+
+    # ---- losses (weighted means over valid samples, as ppo_loss)
+    weight_sum = tl.sum(weight, axis=0)
+    total_weight = tl.maximum(weight_sum, 1.0)
+    share = weight / total_weight  # d mean(x) / d x
+    log_ratio = tl.where(weight > 0, log_prob - old_log_prob, 0.0)
+    ratio = tl.exp(log_ratio)
+    if NORM_ADV:  # buffers.normalized_advantages: Bessel's std over valid samples, 0 on dummies
+        count = tl.maximum(weight_sum, 2.0)
+        adv_mean = tl.sum(advantage * weight, axis=0) / count
+        centred = (advantage - adv_mean) * weight
+        adv_std = tl.sqrt(tl.sum(centred * centred, axis=0) / (count - 1.0))
+        advantage = (advantage - adv_mean) / (adv_std + 1e-8) * weight
+    low = 1.0 - clip_coef
+    high = 1.0 + clip_coef
+    surrogate = -advantage * ratio
+    clipped_surrogate = -advantage * tl.minimum(tl.maximum(ratio, low), high)
+    policy_loss = tl.sum(tl.maximum(surrogate, clipped_surrogate) * weight, axis=0) / total_weight
+    to_first = _max_grad_split(surrogate, clipped_surrogate)
+    ratio_in_range = tl.where((ratio >= low) & (ratio <= high), 1.0, 0.0)
+    d_ratio = share * -advantage * (to_first + (1.0 - to_first) * ratio_in_range)
+    d_log_prob = tl.where(weight > 0, d_ratio * ratio, 0.0)
+
+    error = value - returns
+    if CLIP_VLOSS:
+        step = value - old_value
+        clipped_error = old_value + tl.minimum(tl.maximum(step, -clip_coef), clip_coef) - returns
+        squared, clipped_squared = error * error, clipped_error * clipped_error
+        value_loss = 0.5 * tl.sum(tl.maximum(squared, clipped_squared) * weight, axis=0) / total_weight
+        to_first = _max_grad_split(squared, clipped_squared)
+        step_in_range = tl.where((step >= -clip_coef) & (step <= clip_coef), 1.0, 0.0)
+        d_value = share * (to_first * error + (1.0 - to_first) * clipped_error * step_in_range)
+    else:
+        value_loss = 0.5 * tl.sum(error * error * weight, axis=0) / total_weight
+        d_value = share * error
+    d_value = vf_coef * d_value
+
+    # ---- backward: actor (d log_prob / d mean = z / std; d / d log_std = z^2 - 1)
+    d_mean = d_log_prob[:, None] * z * tl.exp(-log_std)[None, :]  # 0 off the action columns, where z is
+    g_als = tl.sum(d_log_prob[:, None] * (z * z - 1.0), axis=0) - ent_coef * weight_sum / total_weight
+    g_als = tl.where(is_act, g_als, 0.0)
+    g_aw3 = _dot(tl.trans(a_h2), d_mean)
+    g_ab3 = tl.sum(d_mean, axis=0)
+    d_pre2 = _dot(d_mean, tl.trans(a_w3)) * (1.0 - a_h2 * a_h2)
+    g_aw2 = _dot(tl.trans(a_h1), d_pre2)
+    g_ab2 = tl.sum(d_pre2, axis=0)
+    d_pre1 = _dot(d_pre2, tl.trans(a_w2)) * (1.0 - a_h1 * a_h1)
+    g_aw1 = _dot(tl.trans(x), d_pre1)
+    g_ab1 = tl.sum(d_pre1, axis=0)
+    # critic
+    g_cw3 = tl.sum(d_value[:, None] * c_h2, axis=0)
+    g_cb3 = tl.sum(d_value, axis=0)
+    d_pre2 = d_value[:, None] * c_w3[None, :] * (1.0 - c_h2 * c_h2)
+    g_cw2 = _dot(tl.trans(c_h1), d_pre2)
+    g_cb2 = tl.sum(d_pre2, axis=0)
+    d_pre1 = _dot(d_pre2, tl.trans(c_w2)) * (1.0 - c_h1 * c_h1)
+    g_cw1 = _dot(tl.trans(x), d_pre1)
+    g_cb1 = tl.sum(d_pre1, axis=0)
+
+    # ---- clip_grad_norm_ (padding entries are exact zeros, so they add nothing)
+    square_sum = (tl.sum(tl.sum(g_aw1 * g_aw1, axis=1), axis=0) + tl.sum(g_ab1 * g_ab1, axis=0)
+                  + tl.sum(tl.sum(g_aw2 * g_aw2, axis=1), axis=0) + tl.sum(g_ab2 * g_ab2, axis=0)
+                  + tl.sum(tl.sum(g_aw3 * g_aw3, axis=1), axis=0) + tl.sum(g_ab3 * g_ab3, axis=0)
+                  + tl.sum(g_als * g_als, axis=0)
+                  + tl.sum(tl.sum(g_cw1 * g_cw1, axis=1), axis=0) + tl.sum(g_cb1 * g_cb1, axis=0)
+                  + tl.sum(tl.sum(g_cw2 * g_cw2, axis=1), axis=0) + tl.sum(g_cb2 * g_cb2, axis=0)
+                  + tl.sum(g_cw3 * g_cw3, axis=0) + g_cb3 * g_cb3)
+    scale = tl.minimum(max_grad_norm / (tl.sqrt(square_sum) + 1e-6), 1.0)
+
+    # ---- Adam: every parameter shares one step count
+    step_cols = tl.arange(0, STEPS_P)
+    step_count = tl.load(steps_ptr) + 1.0
+    tl.store(steps_ptr + step_cols, step_count + tl.zeros([STEPS_P], tl.float32), mask=step_cols < num_step_tensors)
+    lr_over_bc1 = tl.load(lr_ptr) / (1.0 - tl.exp(step_count * tl.log(beta1)))
+    bc2_sqrt = tl.sqrt(1.0 - tl.exp(step_count * tl.log(beta2)))
+    h1_ok = h1_cols < H1
+    h2_ok = h2_cols < H2
+    _adam(aw1, m_aw1, v_aw1, off_w1, mask_w1, g_aw1 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(ab1, m_ab1, v_ab1, h1_cols, h1_ok, g_ab1 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(aw2, m_aw2, v_aw2, off_w2, mask_w2, g_aw2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(ab2, m_ab2, v_ab2, h2_cols, h2_ok, g_ab2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(aw3, m_aw3, v_aw3, off_aw3, mask_aw3, g_aw3 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(ab3, m_ab3, v_ab3, act_cols, is_act, g_ab3 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(als, m_als, v_als, act_cols, is_act, g_als * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(cw1, m_cw1, v_cw1, off_w1, mask_w1, g_cw1 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(cb1, m_cb1, v_cb1, h1_cols, h1_ok, g_cb1 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(cw2, m_cw2, v_cw2, off_w2, mask_w2, g_cw2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(cb2, m_cb2, v_cb2, h2_cols, h2_ok, g_cb2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    _adam(cw3, m_cw3, v_cw3, h2_cols, h2_ok, g_cw3 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
+    # the critic's output bias is a single number
+    b = tl.load(cb3)
+    m = tl.load(m_cb3)
+    v = tl.load(v_cb3)
+    g = g_cb3 * scale
+    m = m + (1.0 - beta1) * (g - m)
+    v = beta2 * v + (1.0 - beta2) * g * g
+    tl.store(cb3, b - lr_over_bc1 * m / (tl.sqrt(v) / bc2_sqrt + eps))
+    tl.store(m_cb3, m)
+    tl.store(v_cb3, v)
+
+    # ---- diagnostics, in ppo.update.STAT_NAMES order: this step's, and added to the update's total
+    approx_kl = tl.sum(((ratio - 1.0) - log_ratio) * weight, axis=0) / total_weight
+    clipfrac = tl.sum(tl.where(tl.abs(ratio - 1.0) > clip_coef, 1.0, 0.0) * weight, axis=0) / total_weight
+    old_approx_kl = tl.sum(-log_ratio * weight, axis=0) / total_weight
+    entropy_mean = entropy * weight_sum / total_weight
+    tl.store(stats_ptr + 0, policy_loss)
+    tl.store(stats_ptr + 1, value_loss)
+    tl.store(stats_ptr + 2, entropy_mean)
+    tl.store(stats_ptr + 3, approx_kl)
+    tl.store(stats_ptr + 4, clipfrac)
+    tl.store(stats_ptr + 5, old_approx_kl)
+    tl.store(total_ptr + 0, tl.load(total_ptr + 0) + policy_loss)
+    tl.store(total_ptr + 1, tl.load(total_ptr + 1) + value_loss)
+    tl.store(total_ptr + 2, tl.load(total_ptr + 2) + entropy_mean)
+    tl.store(total_ptr + 3, tl.load(total_ptr + 3) + approx_kl)
+    tl.store(total_ptr + 4, tl.load(total_ptr + 4) + clipfrac)
+    tl.store(total_ptr + 5, tl.load(total_ptr + 5) + old_approx_kl)

@@ -1,0 +1,114 @@
+"""`ppo.fused_update`: each minibatch step of the PPO update as one Triton kernel
+(`kernels/ppo_step.py`) instead of the ~50 kernels of the compiled loss, its backward, clipping and
+Adam. Same math, same Adam state: the kernel updates the agent's parameters and the optimizer's
+own moment tensors in place, so checkpoints, evaluation and the eager path see nothing different.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from torch import nn
+
+from ppo.agent import Agent
+from ppo.config import PPOSettings
+
+NUM_WARPS = 4
+
+
+def unsupported_reason(agent: Agent, settings: PPOSettings, device: torch.device, world_size: int = 1) -> str | None:
+    """Why the fused step cannot run this configuration, or None when it can."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if device.type != "cuda" and not interpreted:
+        return f"it runs on CUDA devices (this run's device is {device})"
+    if world_size > 1:
+        return "it runs in a single process (gradients are not averaged across workers)"
+    if agent.trunk is not None:
+        return "it needs separate actor and critic networks (model.shared_trunk=false)"
+    if agent.value_normalizer is not None and agent.value_normalizer.enabled:
+        return "it does not normalise values (ppo.normalize_values=false)"
+    for name, net in (("actor", agent.actor_mean), ("critic", agent.critic)):
+        kinds = [type(module) for module in net]
+        if kinds != [nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear]:
+            return (f"it needs two tanh hidden layers (model.hidden_sizes of length 2, model.activation=tanh); "
+                    f"the {name} is {net}")
+    return None
+
+
+class FusedStep:
+    """Launches one fused minibatch step: `step(table, rows, total, stats)` updates the agent and the
+    Adam state from the rows `rows` (int64 `[B]`) of the sample table `table`, adds the step's
+    diagnostics (`ppo.update.STAT_NAMES`) into `total` and writes them into `stats`.
+
+    Construct it after the optimizer has state (`ensure_adam_state`); it holds the addresses of the
+    parameters and of the optimizer's moments, so a captured CUDA graph can replay it. All Adam
+    step counters become views of one tensor, which the kernel advances together.
+    """
+
+    def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings):
+        (group,) = optimizer.param_groups
+        if group["weight_decay"] or group["amsgrad"] or group["maximize"]:
+            raise ValueError("the fused PPO step implements plain Adam (no weight decay, amsgrad or maximize)")
+        actor, critic = agent.actor_mean, agent.critic
+        self.params = [actor[0].weight, actor[0].bias, actor[2].weight, actor[2].bias, actor[4].weight,
+                       actor[4].bias, agent.actor_log_std, critic[0].weight, critic[0].bias, critic[2].weight,
+                       critic[2].bias, critic[4].weight, critic[4].bias]
+        if {id(p) for p in self.params} != {id(p) for p in group["params"]}:
+            raise ValueError("the optimizer's parameters are not exactly the agent's")
+        state = [optimizer.state[p] for p in self.params]
+        self.exp_avg = [s["exp_avg"] for s in state]
+        self.exp_avg_sq = [s["exp_avg_sq"] for s in state]
+        device = self.params[0].device
+        self.steps = torch.stack([s["step"].to(device, torch.float32) for s in state])
+        if not torch.all(self.steps == self.steps[0]):
+            raise ValueError("the fused PPO step needs every parameter at the same Adam step count")
+        for index, s in enumerate(state):
+            s["step"] = self.steps[index]  # a view: the kernel advances them all
+        self.group = group  # its "lr" is read at each call: a float (eager Adam) or a device tensor (capturable)
+        self.lr = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
+        self.betas, self.eps = group["betas"], group["eps"]
+        self.settings = settings
+        self.obs_dim, self.act_dim = actor[0].in_features, actor[4].out_features
+        self.hidden = (actor[0].out_features, actor[2].out_features)
+        if (critic[0].out_features, critic[2].out_features) != self.hidden:
+            raise ValueError("the fused PPO step needs the actor's and critic's hidden sizes equal")
+
+    def __call__(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor, stats: torch.Tensor) -> None:
+        from kernels.ppo_step import ppo_minibatch_step_kernel
+
+        settings, (h1, h2) = self.settings, self.hidden
+        lr = self.group["lr"]
+        if not isinstance(lr, torch.Tensor):
+            self.lr.fill_(lr)
+            lr = self.lr
+        batch = rows.shape[0]
+        ppo_minibatch_step_kernel[(1,)](
+            table, table.stride(0), rows, batch, *self.params, *self.exp_avg, *self.exp_avg_sq,
+            self.steps, len(self.params), lr, total, stats,
+            settings.clip_coef, settings.vf_coef, settings.ent_coef, settings.max_grad_norm,
+            self.betas[0], self.betas[1], self.eps,
+            OBS=self.obs_dim, ACT=self.act_dim, H1=h1, H2=h2,
+            BLOCK_B=_block(batch), OBS_P=_block(self.obs_dim), ACT_P=_block(self.act_dim),
+            H1_P=_block(h1), H2_P=_block(h2), CLIP_VLOSS=settings.clip_vloss,
+            NORM_ADV=settings.norm_adv == "minibatch", STEPS_P=_block(len(self.params)),
+            num_warps=NUM_WARPS,
+        )
+
+
+def _block(n: int) -> int:
+    """A tile dimension for `n`: a power of two, at least 16 (`tl.dot`'s minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def ensure_adam_state(optimizer: torch.optim.Adam) -> None:
+    """Create Adam's per-parameter state as its first `step()` would (zero moments, step 0 on the
+    parameter's device), where it does not exist yet: the fused kernel updates it in place."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -1,0 +1,192 @@
+"""The fused PPO minibatch step (kernels/ppo_step.py, ppo.fused_update) against the plain step it
+replaces: `ppo_loss`, `backward`, `clip_grad_norm_`, `torch.optim.Adam.step`. On a machine without
+CUDA the kernel runs under Triton's interpreter (tests/conftest.py), at small sizes."""
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from buffers import SampleTable
+from ppo.agent import Agent
+from ppo.config import PPOSettings
+from ppo.fused_update import FusedStep, ensure_adam_state, unsupported_reason
+from ppo.normalize import ValueNormalizer
+from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
+from tests.rollouts import poisoned_like
+from tests.test_update import random_minibatch, run_updates
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_table(num_samples: int, obs_dim: int, act_dim: int, agent: Agent, seed: int) -> SampleTable:
+    """Samples whose old log-probs and values lie near the agent's own, so that some ratios and
+    value steps fall inside the clip range and some outside; about a fifth are dummies."""
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(num_samples, obs_dim, generator=g)
+    with torch.no_grad():
+        action, log_prob, _, value = agent.cpu().get_action_and_value(obs)
+    mb = random_minibatch(num_samples, seed)
+    mb.observations, mb.actions = obs, action
+    mb.log_probs = log_prob + 0.3 * torch.randn(num_samples, generator=g)
+    mb.values = value + 0.3 * torch.randn(num_samples, generator=g)
+    mb.advantages = 2.0 * mb.advantages + 0.7
+    mb.weights = (torch.rand(num_samples, generator=g) > 0.2).float()
+    table = SampleTable(num_samples, obs_dim, act_dim, torch.device("cpu"))
+    table.fill(mb)
+    table.data = table.data.to(DEVICE)
+    return table
+
+
+def reference_step(agent: Agent, optimizer: torch.optim.Optimizer, table: SampleTable, rows: torch.Tensor,
+                   settings: PPOSettings) -> torch.Tensor:
+    loss, stats = ppo_loss(agent, table.select(rows), settings)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
+    optimizer.step()
+    return stats
+
+
+def adam_state(optimizer: torch.optim.Optimizer, agent: Agent) -> list[torch.Tensor]:
+    return [optimizer.state[p][key].detach().float().reshape(-1) for p in agent.parameters()
+            for key in ("exp_avg", "exp_avg_sq", "step")]
+
+
+@pytest.mark.parametrize(
+    "obs_dim, act_dim, hidden, batch, settings",
+    [
+        (27, 8, (64, 64), 64, PPOSettings()),  # Ant-v4 under the default config
+        (5, 3, (32, 48), 37, PPOSettings(ent_coef=0.01, vf_coef=0.7, clip_coef=0.15)),
+        (11, 1, (64, 64), 50, PPOSettings(clip_vloss=False, norm_adv="batch", max_grad_norm=100.0)),
+        (3, 2, (16, 20), 16, PPOSettings(norm_adv="off", ent_coef=0.1)),
+    ],
+    ids=["ant-default", "odd-sizes", "no-value-clip", "tiny"],
+)
+def test_fused_steps_match_the_plain_steps(obs_dim, act_dim, hidden, batch, settings):
+    torch.manual_seed(0)
+    agent = Agent(obs_dim, act_dim, hidden, init_log_std=-0.4).to(DEVICE)
+    table = random_table(3 * batch, obs_dim, act_dim, agent, seed=1)
+    agent.to(DEVICE)
+    reference = copy.deepcopy(agent)
+    optimizer = make_optimizer(agent, settings, DEVICE, graphs=False)
+    reference_optimizer = make_optimizer(reference, settings, DEVICE, graphs=False)
+    ensure_adam_state(optimizer)
+    step = FusedStep(agent, optimizer, settings)
+    total = torch.zeros(len(STAT_NAMES), device=DEVICE)
+    reference_total = torch.zeros(len(STAT_NAMES))
+    order = torch.randperm(3 * batch, generator=torch.Generator().manual_seed(2)).view(3, batch).to(DEVICE)
+    for rows in order:  # three steps: Adam's moments and step count matter from the second on
+        stats = poisoned_like(torch.zeros(len(STAT_NAMES), device=DEVICE))
+        step(table.data, rows, total, stats)
+        expected = reference_step(reference, reference_optimizer, table, rows, settings)
+        reference_total += expected.cpu()
+        torch.testing.assert_close(stats.cpu(), expected.cpu(), rtol=1e-4, atol=1e-5)
+        for got, want in zip(agent.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        for got, want in zip(adam_state(optimizer, agent), adam_state(reference_optimizer, reference), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-9)
+    torch.testing.assert_close(total.cpu(), reference_total, rtol=1e-4, atol=1e-5)
+    assert stats[4] > 0, "no sample was clipped: the test would not see the clipped branch"
+
+
+def test_dummy_samples_change_nothing_whatever_they_hold():
+    torch.manual_seed(0)
+    settings = PPOSettings(ent_coef=0.01)
+    agent = Agent(5, 2).to(DEVICE)
+    table = random_table(32, 5, 2, agent, seed=3)
+    agent.to(DEVICE)
+    dummies = table.data[:, -1] == 0
+    assert dummies.any()
+    results = []
+    for garbage in (0.0, 1e6):
+        copy_agent = copy.deepcopy(agent)
+        optimizer = make_optimizer(copy_agent, settings, DEVICE, graphs=False)
+        ensure_adam_state(optimizer)
+        data = table.data.clone()
+        data[dummies, :-1] = garbage  # every field but the weight
+        stats = torch.zeros(len(STAT_NAMES), device=DEVICE)
+        rows = torch.arange(32, device=DEVICE)
+        FusedStep(copy_agent, optimizer, settings)(data, rows, torch.zeros_like(stats), stats)
+        results.append([stats, *copy_agent.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("target_kl, adaptive_lr_kl", [(None, None), (1e-4, None), (None, 1e-3)])
+def test_fused_update_is_the_plain_update(target_kl, adaptive_lr_kl):
+    # Whole updates through the Updater (eager loop; the CUDA-graph replay is tested on CUDA below):
+    # the same permutations, annealed or adaptive rates, target-KL stops, results.
+    plain = PPOSettings(num_minibatches=4, update_epochs=2, target_kl=target_kl, adaptive_lr_kl=adaptive_lr_kl)
+    fused = PPOSettings(num_minibatches=4, update_epochs=2, target_kl=target_kl, adaptive_lr_kl=adaptive_lr_kl,
+                        fused_update=True)
+    params_a, stats_a = run_updates(DEVICE, False, plain)
+    params_b, stats_b = run_updates(DEVICE, False, fused)
+    for iteration in range(3):
+        torch.testing.assert_close(stats_b[iteration], stats_a[iteration], rtol=1e-4, atol=1e-5)
+        for a, b in zip(params_b[iteration], params_a[iteration], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(params_b[0][0], params_b[-1][0]), "the fused updates did not train"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
+@pytest.mark.parametrize("target_kl, adaptive_lr_kl", [(None, None), (1e-4, None), (None, 1e-3)])
+def test_fused_cuda_graph_update_is_the_plain_eager_update(target_kl, adaptive_lr_kl):
+    plain = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, adaptive_lr_kl=adaptive_lr_kl,
+                        compile=False)
+    fused = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, adaptive_lr_kl=adaptive_lr_kl,
+                        fused_update=True)
+    cuda = torch.device("cuda")
+    params_a, stats_a = run_updates(cuda, False, plain)
+    params_b, stats_b = run_updates(cuda, True, fused)
+    for iteration in range(3):
+        torch.testing.assert_close(stats_b[iteration], stats_a[iteration], rtol=1e-4, atol=1e-5)
+        for a, b in zip(params_b[iteration], params_a[iteration], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(params_b[1][0], params_b[2][0]), "the replayed fused update did not train"
+
+
+@pytest.mark.parametrize("agent_kwargs, settings_kwargs, world_size, expected", [
+    ({"shared_trunk": True}, {}, 1, "separate actor and critic"),
+    ({"value_normalizer": "on"}, {}, 1, "ppo.normalize_values=false"),
+    ({"hidden_sizes": (64, 64, 64)}, {}, 1, "two tanh hidden layers"),
+    ({"activation": "elu"}, {}, 1, "two tanh hidden layers"),
+    ({}, {}, 2, "single process"),
+    ({}, {}, 1, None),
+])
+def test_unsupported_configurations_are_named(agent_kwargs, settings_kwargs, world_size, expected):
+    if agent_kwargs.get("value_normalizer") == "on":
+        agent_kwargs = {"value_normalizer": ValueNormalizer(torch.device("cpu"), True)}
+    reason = unsupported_reason(Agent(5, 2, **agent_kwargs), PPOSettings(**settings_kwargs), DEVICE, world_size)
+    assert reason is None if expected is None else expected in reason
+
+
+def test_train_refuses_the_fused_update_where_it_cannot_run():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "train.py", "env=Hopper-v4", "device=cpu", "ppo.fused_update=true",
+                             "total_timesteps=64"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "ppo.fused_update=true cannot run this configuration: it runs on CUDA devices" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_fused_run_trains_checkpoints_and_resumes(tmp_path):
+    # Under the interpreter on a CPU machine (conftest sets TRITON_INTERPRET=1), on the GPU for real.
+    common = ["env=Hopper-v4", f"device={DEVICE.type}", "ppo.fused_update=true", "env.num_envs=4",
+              "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=2"]
+    first = subprocess.run([sys.executable, "train.py", *common, "total_timesteps=128",
+                            f"hydra.run.dir={tmp_path / 'a'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "with fused update step" in first.stdout or "and fused update step" in first.stdout
+    second = subprocess.run([sys.executable, "train.py", *common, "total_timesteps=256", f"resume={tmp_path / 'a'}",
+                             f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    checkpoint = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
+    steps = {float(state["step"]) for state in checkpoint["optimizer"]["state"].values()}
+    assert steps == {16.0}  # 4 updates x 2 epochs x 2 minibatches, every parameter's count advanced
