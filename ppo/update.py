@@ -3,7 +3,8 @@ epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional tar
 
 `ppo_update` is the plain loop. `Updater` runs it, or, on one CUDA device, replays each epoch as a
 CUDA graph: a minibatch step is ~150 tiny kernels, and launching them one by one from Python costs
-far more than running them."""
+far more than running them. With `ppo.fused_update`, each minibatch step is one Triton kernel
+instead (`fused_ppo_update`, `ppo/fused_update.py`), eager or replayed the same way."""
 
 from __future__ import annotations
 
