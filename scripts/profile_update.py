@@ -50,7 +50,8 @@ def main() -> None:
     end.record()
     end.synchronize()
     steps = settings.update_epochs * settings.num_minibatches
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, fused={args.fused}: one replayed "
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, "
+          f"fused={args.fused}: one replayed "
           f"update = {steps} minibatch steps, {start.elapsed_time(end):.1f} ms wall")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         updater(buffer, generator)

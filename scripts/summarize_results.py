@@ -223,8 +223,8 @@ def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
 def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, note: str = "") -> None:
     lines = ["# Results", "",
              "Written by `scripts/summarize_results.py`. Score: the average return of each run's last 100",
-             "training episodes (CleanRL's metric); mean and std (ddof=0) over seeds.", "",
-             *([note, ""] if note else []),
+             "training episodes (CleanRL's metric); mean and std (ddof=0) over seeds. The hardware column",
+             "ends with the simulator build. How and where the runs ran, and what the rows say: below the table.", "",
              "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
              "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in rows:
@@ -233,6 +233,8 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
                      f"{row['wall_clock_s']:,} | {row['sps']:,} | {row['hardware']} |")
     lines.append("")
+    if note:
+        lines += [note, ""]
     for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
         image = images / plot_name(task, budget)
         lines.append(f"![{task} {budget:,} steps]({image.relative_to(path.parent).as_posix()})")
