@@ -2,6 +2,7 @@
 
     python scripts/evaluate.py runs/Ant-v4/seed1_2026-11-29_10-00-00 --episodes 10
     python scripts/evaluate.py path/to/last.pt --episodes 5 --device cpu
+    python scripts/evaluate.py <run dir> --backend gymnasium   # the same policy on the other simulator
 
 Prints the mean and std of the episodic returns (raw environment rewards).
 """
@@ -9,6 +10,7 @@ Prints the mean and std of the episodic returns (raw environment rewards).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,19 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import make_agent  # noqa: E402
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
 from ppo.config import settings_from_dict  # noqa: E402
-from ppo.envs import make_envs  # noqa: E402
+from ppo.envs import check_env_id, make_envs  # noqa: E402
 from ppo.normalize import ObservationNormalizer  # noqa: E402
 
 
 @torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: int = 12345,
-             num_envs: int | None = None) -> list[float]:
+             num_envs: int | None = None, backend: str | None = None) -> list[float]:
+    """`backend` (envpool or gymnasium) replays the policy on another simulator than it trained on:
+    the same task's scores differ between simulator builds (docs/results.md), and this asks whether
+    the policy or the simulator makes the difference."""
     checkpoint = load_checkpoint(resolve_checkpoint(checkpoint_path), device)
     saved = checkpoint["settings"]
     saved["resume"] = None
     settings = settings_from_dict(saved)
-    env_settings = settings.env if num_envs is None else type(settings.env)(**{**vars(settings.env),
-                                                                               "num_envs": num_envs})
+    overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
+    env_settings = dataclasses.replace(settings.env, **overrides)
+    check_env_id(env_settings)
     envs = make_envs(env_settings, device, seed)
     agent = make_agent(envs.obs_dim, envs.act_dim, settings.model).to(device)
     agent.load_state_dict(checkpoint["agent"])
@@ -62,9 +68,11 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=None, help="default: the run's env.num_envs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
+                        help="simulate with this backend instead of the run's env.backend")
     args = parser.parse_args()
     returns = torch.tensor(evaluate(args.checkpoint, args.episodes, torch.device(args.device), args.seed,
-                                    args.num_envs), dtype=torch.float64)
+                                    args.num_envs, args.backend), dtype=torch.float64)
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 

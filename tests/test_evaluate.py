@@ -23,3 +23,8 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
     assert len(first) == 6 and first == second
     # InvertedPendulum pays 1 per step alive: every return is a whole number of steps, at least 1
     assert all(r >= 1 and float(r).is_integer() for r in first)
+    # The same policy on the other backend: a whole number of steps again, and the envs really
+    # changed (the two backends' reset noise differs, so some episode lasts another number of steps).
+    other = evaluate(str(tmp_path), episodes=6, device=torch.device("cpu"), num_envs=2, backend="gymnasium")
+    assert len(other) == 6 and all(r >= 1 and float(r).is_integer() for r in other)
+    assert other != first
