@@ -100,7 +100,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
-    if ppo.fused_update and (reason := unsupported_reason(agent, ppo, device, workers.world_size)):
+    minibatch_size = settings.batch_size // ppo.num_minibatches
+    if ppo.fused_update and (reason := unsupported_reason(agent, ppo, device, workers.world_size, minibatch_size)):
         raise ConfigError(f"ppo.fused_update=true cannot run this configuration: {reason}")
     optimizer = make_optimizer(agent, ppo, device, graphs)
     updater = Updater(agent, optimizer, ppo, graphs)

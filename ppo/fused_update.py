@@ -12,17 +12,25 @@ import torch
 import triton
 from torch import nn
 
+from kernels.ppo_step import ppo_minibatch_step_kernel
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 
 NUM_WARPS = 4
+# One program holds a whole minibatch's activations in registers: CleanRL's 64-sample minibatches
+# fit easily; thousands of samples would not (an update of that shape is cheap anyway).
+MAX_MINIBATCH = 256
 
 
-def unsupported_reason(agent: Agent, settings: PPOSettings, device: torch.device, world_size: int = 1) -> str | None:
+def unsupported_reason(agent: Agent, settings: PPOSettings, device: torch.device, world_size: int = 1,
+                       minibatch_size: int = 64) -> str | None:
     """Why the fused step cannot run this configuration, or None when it can."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if device.type != "cuda" and not interpreted:
         return f"it runs on CUDA devices (this run's device is {device})"
+    if minibatch_size > MAX_MINIBATCH:
+        return (f"it takes minibatches of at most {MAX_MINIBATCH} samples (this run's: {minibatch_size}; "
+                "fewer envs x steps or more ppo.num_minibatches)")
     if world_size > 1:
         return "it runs in a single process (gradients are not averaged across workers)"
     if agent.trunk is not None:
@@ -76,8 +84,6 @@ class FusedStep:
             raise ValueError("the fused PPO step needs the actor's and critic's hidden sizes equal")
 
     def __call__(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor, stats: torch.Tensor) -> None:
-        from kernels.ppo_step import ppo_minibatch_step_kernel
-
         settings, (h1, h2) = self.settings, self.hidden
         lr = self.group["lr"]
         if not isinstance(lr, torch.Tensor):

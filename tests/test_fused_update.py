@@ -152,18 +152,21 @@ def test_fused_cuda_graph_update_is_the_plain_eager_update(target_kl, adaptive_l
     assert not torch.equal(params_b[1][0], params_b[2][0]), "the replayed fused update did not train"
 
 
-@pytest.mark.parametrize("agent_kwargs, settings_kwargs, world_size, expected", [
-    ({"shared_trunk": True}, {}, 1, "separate actor and critic"),
-    ({"value_normalizer": "on"}, {}, 1, "ppo.normalize_values=false"),
-    ({"hidden_sizes": (64, 64, 64)}, {}, 1, "two tanh hidden layers"),
-    ({"activation": "elu"}, {}, 1, "two tanh hidden layers"),
-    ({}, {}, 2, "single process"),
-    ({}, {}, 1, None),
+@pytest.mark.parametrize("agent_kwargs, world_size, minibatch_size, expected", [
+    ({"shared_trunk": True}, 1, 64, "separate actor and critic"),
+    ({"value_normalizer": "on"}, 1, 64, "ppo.normalize_values=false"),
+    ({"hidden_sizes": (64, 64, 64)}, 1, 64, "two tanh hidden layers"),
+    ({"activation": "elu"}, 1, 64, "two tanh hidden layers"),
+    ({}, 2, 64, "single process"),
+    ({}, 1, 2048, "minibatches of at most 256 samples (this run's: 2048"),
+    ({}, 1, 256, None),
+    ({"value_normalizer": "off"}, 1, 64, None),
 ])
-def test_unsupported_configurations_are_named(agent_kwargs, settings_kwargs, world_size, expected):
-    if agent_kwargs.get("value_normalizer") == "on":
-        agent_kwargs = {"value_normalizer": ValueNormalizer(torch.device("cpu"), True)}
-    reason = unsupported_reason(Agent(5, 2, **agent_kwargs), PPOSettings(**settings_kwargs), DEVICE, world_size)
+def test_unsupported_configurations_are_named(agent_kwargs, world_size, minibatch_size, expected):
+    if "value_normalizer" in agent_kwargs:
+        enabled = agent_kwargs["value_normalizer"] == "on"
+        agent_kwargs = {"value_normalizer": ValueNormalizer(torch.device("cpu"), enabled)}
+    reason = unsupported_reason(Agent(5, 2, **agent_kwargs), PPOSettings(), DEVICE, world_size, minibatch_size)
     assert reason is None if expected is None else expected in reason
 
 
