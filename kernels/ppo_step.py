@@ -224,15 +224,9 @@ def ppo_minibatch_step_kernel(
     clipfrac = tl.sum(tl.where(tl.abs(ratio - 1.0) > clip_coef, 1.0, 0.0) * weight, axis=0) / total_weight
     old_approx_kl = tl.sum(-log_ratio * weight, axis=0) / total_weight
     entropy_mean = entropy * weight_sum / total_weight
-    tl.store(stats_ptr + 0, policy_loss)
-    tl.store(stats_ptr + 1, value_loss)
-    tl.store(stats_ptr + 2, entropy_mean)
-    tl.store(stats_ptr + 3, approx_kl)
-    tl.store(stats_ptr + 4, clipfrac)
-    tl.store(stats_ptr + 5, old_approx_kl)
-    tl.store(total_ptr + 0, tl.load(total_ptr + 0) + policy_loss)
-    tl.store(total_ptr + 1, tl.load(total_ptr + 1) + value_loss)
-    tl.store(total_ptr + 2, tl.load(total_ptr + 2) + entropy_mean)
-    tl.store(total_ptr + 3, tl.load(total_ptr + 3) + approx_kl)
-    tl.store(total_ptr + 4, tl.load(total_ptr + 4) + clipfrac)
-    tl.store(total_ptr + 5, tl.load(total_ptr + 5) + old_approx_kl)
+    slot = tl.arange(0, 8)
+    stats = tl.where(slot == 0, policy_loss, tl.where(slot == 1, value_loss, tl.where(slot == 2, entropy_mean,
+            tl.where(slot == 3, approx_kl, tl.where(slot == 4, clipfrac, old_approx_kl)))))
+    is_stat = slot < 6
+    tl.store(stats_ptr + slot, stats, mask=is_stat)
+    tl.store(total_ptr + slot, tl.load(total_ptr + slot, mask=is_stat, other=0.0) + stats, mask=is_stat)

@@ -195,6 +195,15 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
     return parameters, stats
 
 
+def assert_same_updates(got: tuple[list, list], want: tuple[list, list]) -> None:
+    """`run_updates` results agree, update by update: statistics, then every parameter."""
+    (got_params, got_stats), (want_params, want_stats) = got, want
+    for iteration in range(len(want_stats)):
+        torch.testing.assert_close(got_stats[iteration], want_stats[iteration], rtol=1e-4, atol=1e-5)
+        for a, b in zip(got_params[iteration], want_params[iteration], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("normalize_values", [False, True])
 def test_updater_without_graphs_is_ppo_update(normalize_values):
     # The CPU path: the Updater is the plain loop, and set_learning_rate sets float rates.
@@ -216,12 +225,8 @@ def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile, adaptive_lr
     settings = PPOSettings(num_minibatches=4, update_epochs=3, target_kl=target_kl, compile=compile,
                            adaptive_lr_kl=adaptive_lr_kl, normalize_values=normalize_values)
     cuda = torch.device("cuda")
-    eager_params, eager_stats = run_updates(cuda, False, settings)
     graph_params, graph_stats = run_updates(cuda, True, settings)
-    for iteration in range(3):
-        torch.testing.assert_close(graph_stats[iteration], eager_stats[iteration], rtol=1e-4, atol=1e-5)
-        for a, b in zip(graph_params[iteration], eager_params[iteration], strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert_same_updates((graph_params, graph_stats), run_updates(cuda, False, settings))
     assert not torch.equal(graph_params[1][0], graph_params[2][0]), "the replayed update did not train"
 
 
