@@ -208,16 +208,10 @@ def ppo_minibatch_step_kernel(
     _adam(cw2, m_cw2, v_cw2, off_w2, mask_w2, g_cw2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
     _adam(cb2, m_cb2, v_cb2, h2_cols, h2_ok, g_cb2 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
     _adam(cw3, m_cw3, v_cw3, h2_cols, h2_ok, g_cw3 * scale, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
-    # the critic's output bias is a single number
-    b = tl.load(cb3)
-    m = tl.load(m_cb3)
-    v = tl.load(v_cb3)
-    g = g_cb3 * scale
-    m = m + (1.0 - beta1) * (g - m)
-    v = beta2 * v + (1.0 - beta2) * g * g
-    tl.store(cb3, b - lr_over_bc1 * m / (tl.sqrt(v) / bc2_sqrt + eps))
-    tl.store(m_cb3, m)
-    tl.store(v_cb3, v)
+    # the critic's output bias is a single number: a two-lane vector with one lane masked off
+    pair = tl.arange(0, 2)
+    g_cb3_lanes = g_cb3 * scale + tl.zeros([2], tl.float32)
+    _adam(cb3, m_cb3, v_cb3, pair, pair < 1, g_cb3_lanes, lr_over_bc1, beta1, beta2, eps, bc2_sqrt)
 
     # ---- diagnostics, in ppo.update.STAT_NAMES order: this step's, and added to the update's total
     approx_kl = tl.sum(((ratio - 1.0) - log_ratio) * weight, axis=0) / total_weight
