@@ -76,8 +76,9 @@ def load_run(path: Path) -> Run | None:
     sps = events.Scalars("charts/SPS")
     budget = _budget(path) or sps[-1].step
     task = info["env_id"] + _configuration(path)
-    # The simulator build counts as hardware: the same code and seeds score differently on another
-    # MuJoCo (docs/results.md), so such runs must not pool. Runs from before it was recorded lack it.
+    # The simulator build counts as hardware: the same code and config score differently on another
+    # build (envpool 1.2.5 against 1.2.7 and gymnasium, docs/results.md), so such runs must not pool.
+    # Runs from before it was recorded lack it.
     hardware = "; ".join(filter(None, (info["hardware"], info.get("simulator"))))
     return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=hardware,
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
