@@ -16,7 +16,10 @@ from kernels.ppo_step import ppo_minibatch_step_kernel
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 
-NUM_WARPS = 4
+# Warps per program, measured on an H200 (docs/benchmarks.md): 16 warps 166 us per step, 8 warps
+# 401, 4 warps 832, 32 warps 292. Fewer warps spill the many live [64, 64] tiles to local memory
+# (ptxas: 34 KB of stack per thread at 4 warps, 2.8 KB at 16).
+NUM_WARPS = 16
 # One program holds a whole minibatch's activations in registers: CleanRL's 64-sample minibatches
 # fit easily; thousands of samples would not (an update of that shape is cheap anyway).
 MAX_MINIBATCH = 256
@@ -84,23 +87,30 @@ class FusedStep:
             raise ValueError("the fused PPO step needs the actor's and critic's hidden sizes equal")
 
     def __call__(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor, stats: torch.Tensor) -> None:
+        args, constants = self.launch_arguments(table, rows, total, stats)
+        ppo_minibatch_step_kernel[(1,)](*args, **constants, num_warps=NUM_WARPS)
+
+    def launch_arguments(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor,
+                         stats: torch.Tensor) -> tuple[list, dict]:
+        """The kernel's runtime arguments and its compile-time constants for one step (the tests
+        also compile exactly this launch for a CUDA target on a machine without a GPU)."""
         settings, (h1, h2) = self.settings, self.hidden
         lr = self.group["lr"]
         if not isinstance(lr, torch.Tensor):
             self.lr.fill_(lr)
             lr = self.lr
         batch = rows.shape[0]
-        ppo_minibatch_step_kernel[(1,)](
-            table, table.stride(0), rows, batch, *self.params, *self.exp_avg, *self.exp_avg_sq,
-            self.steps, len(self.params), lr, total, stats,
-            settings.clip_coef, settings.vf_coef, settings.ent_coef, settings.max_grad_norm,
-            self.betas[0], self.betas[1], self.eps,
+        args = [table, table.stride(0), rows, batch, *self.params, *self.exp_avg, *self.exp_avg_sq,
+                self.steps, len(self.params), lr, total, stats,
+                settings.clip_coef, settings.vf_coef, settings.ent_coef, settings.max_grad_norm,
+                self.betas[0], self.betas[1], self.eps]
+        constants = dict(
             OBS=self.obs_dim, ACT=self.act_dim, H1=h1, H2=h2,
             BLOCK_B=_block(batch), OBS_P=_block(self.obs_dim), ACT_P=_block(self.act_dim),
             H1_P=_block(h1), H2_P=_block(h2), CLIP_VLOSS=settings.clip_vloss,
             NORM_ADV=settings.norm_adv == "minibatch", STEPS_P=_block(len(self.params)),
-            num_warps=NUM_WARPS,
         )
+        return args, constants
 
 
 def _block(n: int) -> int:

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from buffers import RolloutBuffer  # noqa: E402
+from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
 from ppo.update import Updater, make_optimizer  # noqa: E402
@@ -28,11 +29,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--fused", action="store_true", help="ppo.fused_update: one Triton kernel per minibatch step")
+    parser.add_argument("--num-warps", type=int, default=None,
+                        help="with --fused: warps per program (default: ppo.fused_update.NUM_WARPS)")
     parser.add_argument("--obs-dim", type=int, default=27)
     parser.add_argument("--act-dim", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")
     args = parser.parse_args()
     device = torch.device("cuda")
+    if args.num_warps is not None:
+        fused_update.NUM_WARPS = args.num_warps
     settings = PPOSettings(compile=args.compile, fused_update=args.fused)
     agent = Agent(args.obs_dim, args.act_dim).to(device)
     buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
@@ -51,7 +56,7 @@ def main() -> None:
     end.synchronize()
     steps = settings.update_epochs * settings.num_minibatches
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, "
-          f"fused={args.fused}: one replayed "
+          f"fused={args.fused} (num_warps {fused_update.NUM_WARPS}): one replayed "
           f"update = {steps} minibatch steps, {start.elapsed_time(end):.1f} ms wall")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         updater(buffer, generator)

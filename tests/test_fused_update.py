@@ -140,7 +140,9 @@ def test_fused_cuda_graph_update_is_the_plain_eager_update(target_kl, adaptive_l
                         fused_update=True)
     cuda = torch.device("cuda")
     params, stats = run_updates(cuda, True, fused)
-    assert_same_updates((params, stats), run_updates(cuda, False, plain))
+    # Kernels that sum in another order than cuBLAS's: over 36 Adam steps an element whose gradient
+    # is near zero can drift by a fraction of one step (lr 3e-4); on the H200 one of 4096 moved 1.1e-5.
+    assert_same_updates((params, stats), run_updates(cuda, False, plain), param_atol=1e-4)
     assert not torch.equal(params[1][0], params[2][0]), "the replayed fused update did not train"
 
 
@@ -185,3 +187,12 @@ def test_a_fused_run_trains_checkpoints_and_resumes(tmp_path):
     checkpoint = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
     steps = {float(state["step"]) for state in checkpoint["optimizer"]["state"].values()}
     assert steps == {16.0}  # 4 updates x 2 epochs x 2 minibatches, every parameter's count advanced
+
+
+def test_the_kernel_compiles_for_a_cuda_gpu():
+    # The interpreter above never runs Triton's compiler; this compiles the exact launches of
+    # `FusedStep` for sm_90 down to a cubin, which needs no GPU.
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py")], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled in") == 2, done.stdout

@@ -195,13 +195,13 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
     return parameters, stats
 
 
-def assert_same_updates(got: tuple[list, list], want: tuple[list, list]) -> None:
+def assert_same_updates(got: tuple[list, list], want: tuple[list, list], param_atol: float = 1e-5) -> None:
     """`run_updates` results agree, update by update: statistics, then every parameter."""
     (got_params, got_stats), (want_params, want_stats) = got, want
     for iteration in range(len(want_stats)):
         torch.testing.assert_close(got_stats[iteration], want_stats[iteration], rtol=1e-4, atol=1e-5)
         for a, b in zip(got_params[iteration], want_params[iteration], strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=param_atol)
 
 
 @pytest.mark.parametrize("normalize_values", [False, True])
