@@ -129,7 +129,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         write_run_info(run_dir, settings, device, workers.world_size)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
                                             ("compiled loss", compiles(ppo, device) and not ppo.fused_update)) if on]
-        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs x {workers.world_size} "
+        groups = f" in {settings.env.groups} pipelined groups" if settings.env.groups > 1 else ""
+        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x {workers.world_size} "
               f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
               f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this

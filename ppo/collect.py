@@ -11,6 +11,10 @@ observation of a new episode. So:
   there *is* `V(final observation)`: written to `bootstrap_values` of the step that truncated;
 - after the last step, `V(next observation)` goes into the last row (zero where it terminated).
 
+With several simulators (`env.groups`), the steps run as a pipeline: group g's step t is sent
+before group g+1's step t-1 is received, so one group simulates while the policy acts for the
+next. Each group's columns of the buffer get exactly what one simulator's would.
+
 No host synchronisation happens here beyond the simulator's own hand-off.
 """
 
@@ -35,14 +39,16 @@ class EpisodeStats:
         self.lengths = torch.zeros(num_envs, dtype=torch.int64, device=device)
         self.finished = torch.zeros(3, dtype=torch.float64, device=device)  # [count, return sum, length sum]
 
-    def record(self, rewards: torch.Tensor, dones: torch.Tensor, valid: torch.Tensor) -> None:
+    def record(self, rewards: torch.Tensor, dones: torch.Tensor, valid: torch.Tensor, envs: slice) -> None:
+        """One step of the envs `envs` (a slice of the columns)."""
         # In place throughout: a CUDA graph of the collection step replays these very tensors.
-        self.returns += torch.where(valid, rewards.double(), 0.0)
-        self.lengths += valid.long()
-        self.finished += torch.stack([dones.sum().double(), torch.where(dones, self.returns, 0.0).sum(),
-                                      torch.where(dones, self.lengths, 0).sum().double()])
-        self.returns.masked_fill_(dones, 0.0)
-        self.lengths.masked_fill_(dones, 0)
+        returns, lengths = self.returns[envs], self.lengths[envs]
+        returns += torch.where(valid, rewards.double(), 0.0)
+        lengths += valid.long()
+        self.finished += torch.stack([dones.sum().double(), torch.where(dones, returns, 0.0).sum(),
+                                      torch.where(dones, lengths, 0).sum().double()])
+        returns.masked_fill_(dones, 0.0)
+        lengths.masked_fill_(dones, 0)
 
     def pop(self) -> torch.Tensor:
         finished = self.finished.clone()
@@ -69,6 +75,8 @@ class Collector:
         self.episodes = EpisodeStats(envs.num_envs, device)
         self.env_seconds = self.inference_seconds = 0.0
         self.graphs = graphs
+        sizes = [m.num_envs for m in envs.members]  # each simulator's columns of the buffer
+        self.columns = [slice(sum(sizes[:g]), sum(sizes[:g + 1])) for g in range(len(sizes))]
         self._captured: tuple | None = None  # (buffer, before-env graphs, after-env graphs, final graph)
 
     @torch.no_grad()
@@ -88,70 +96,94 @@ class Collector:
             self._replay(buffer)
 
     def _collect_eagerly(self, buffer: RolloutBuffer) -> None:
-        for t in range(buffer.num_steps):
-            start = time.perf_counter()
-            action = self._before_env(buffer, t)
-            middle = time.perf_counter()
-            raw_obs, reward, terminated, truncated = self.envs.step(action)
-            after_env = time.perf_counter()
-            self._after_env(buffer, t, raw_obs, reward, terminated, truncated)
-            self.env_seconds += after_env - middle
-            self.inference_seconds += (middle - start) + (time.perf_counter() - after_env)
+        self._pipeline(buffer.num_steps,
+                       act=lambda t, group, envs: self._before_env(buffer, t, envs),
+                       receive=lambda group: self.envs.members[group].recv(),
+                       record=lambda t, group, envs, outputs: self._after_env(buffer, t, envs, *outputs),
+                       finish=lambda: self._finish(buffer))
+
+    def _pipeline(self, num_steps: int, act, receive, record, finish) -> None:
+        """Step every group `num_steps` times in pipeline order, timing the simulator's hand-off
+        (`send`, `recv`) apart from the device work around it (`act`, `record`, `finish`)."""
+        for t, group, columns in self._schedule(num_steps):
+            if t > 0:  # receive step t-1: the group simulated it while the others were served
+                start = time.perf_counter()
+                outputs = receive(group)
+                received = time.perf_counter()
+                record(t - 1, group, columns, outputs)
+                self.env_seconds += received - start
+                self.inference_seconds += time.perf_counter() - received
+            if t < num_steps:
+                start = time.perf_counter()
+                action = act(t, group, columns)
+                sending = time.perf_counter()
+                self.envs.members[group].send(action)
+                self.inference_seconds += sending - start
+                self.env_seconds += time.perf_counter() - sending
         start = time.perf_counter()
-        self._finish(buffer)
+        finish()
         self.inference_seconds += time.perf_counter() - start
 
-    def _before_env(self, buffer: RolloutBuffer, t: int) -> torch.Tensor:
-        """Act on `next_obs`, record step t's inputs; returns the clipped action for the simulator."""
-        envs, obs = self.envs, self.next_obs
-        action, log_prob, _, value = self.agent.get_action_and_value(obs)
-        buffer.observations[t] = obs
-        buffer.actions[t] = action
-        buffer.log_probs[t] = log_prob
-        buffer.values[t] = value
-        buffer.valid[t] = ~self.next_is_dummy
-        if t > 0:  # this step's observation is the final one of an episode truncated at t-1
-            buffer.bootstrap_values[t - 1] = torch.where(buffer.truncateds[t - 1], value, 0.0)
-        return torch.maximum(torch.minimum(action, envs.action_high), envs.action_low)
+    def _schedule(self, num_steps: int):
+        """`(t, group, columns)` in pipeline order: at each t, every group in turn receives its step
+        t-1 (t > 0) and sends its step t (t < num_steps). With one group this is act, step, record."""
+        for t in range(num_steps + 1):
+            for group, columns in enumerate(self.columns):
+                yield t, group, columns
 
-    def _after_env(self, buffer: RolloutBuffer, t: int, raw_obs: torch.Tensor, reward: torch.Tensor,
+    def _before_env(self, buffer: RolloutBuffer, t: int, envs: slice) -> torch.Tensor:
+        """Act on `next_obs` of the envs `envs` (a slice of the columns), record their step t's
+        inputs; returns the clipped action for the simulator."""
+        obs = self.next_obs[envs]
+        action, log_prob, _, value = self.agent.get_action_and_value(obs)
+        buffer.observations[t, envs] = obs
+        buffer.actions[t, envs] = action
+        buffer.log_probs[t, envs] = log_prob
+        buffer.values[t, envs] = value
+        buffer.valid[t, envs] = ~self.next_is_dummy[envs]
+        if t > 0:  # this step's observation is the final one of an episode truncated at t-1
+            buffer.bootstrap_values[t - 1, envs] = torch.where(buffer.truncateds[t - 1, envs], value, 0.0)
+        return torch.maximum(torch.minimum(action, self.envs.action_high), self.envs.action_low)
+
+    def _after_env(self, buffer: RolloutBuffer, t: int, envs: slice, raw_obs: torch.Tensor, reward: torch.Tensor,
                    terminated: torch.Tensor, truncated: torch.Tensor) -> None:
-        """Record step t's outcome and normalise the next observation."""
-        valid = buffer.valid[t]
+        """Record step t's outcome for the envs `envs` and normalise their next observation."""
+        valid = buffer.valid[t, envs]
         # A dummy step's flags say nothing about an episode; its reward is 0 on both backends.
         terminated = terminated & valid
         truncated = truncated & valid
         done = terminated | truncated
-        self.episodes.record(reward, done, valid)
-        buffer.rewards[t] = self.reward_scaler(reward, done)
-        buffer.terminateds[t] = terminated
-        buffer.truncateds[t] = truncated
-        self.next_obs.copy_(self.obs_normalizer(raw_obs))
-        self.next_is_dummy.copy_(done)
+        self.episodes.record(reward, done, valid, envs)
+        buffer.rewards[t, envs] = self.reward_scaler(reward, done, envs)
+        buffer.terminateds[t, envs] = terminated
+        buffer.truncateds[t, envs] = truncated
+        self.next_obs[envs] = self.obs_normalizer(raw_obs)
+        self.next_is_dummy[envs] = done
 
     def _finish(self, buffer: RolloutBuffer) -> None:
         next_value = self.agent.get_value(self.next_obs)
         buffer.bootstrap_values[-1] = torch.where(buffer.terminateds[-1], 0.0, next_value)
 
     def _capture(self, buffer: RolloutBuffer) -> None:
-        envs, device = self.envs, self.device
-        self.env_outputs = (torch.zeros(envs.num_envs, envs.obs_dim, device=device),
-                            torch.zeros(envs.num_envs, device=device),
-                            torch.zeros(envs.num_envs, dtype=torch.bool, device=device),
-                            torch.zeros(envs.num_envs, dtype=torch.bool, device=device))
+        device = self.device
+        self.env_outputs = [(torch.zeros(m.num_envs, m.obs_dim, device=device),
+                             torch.zeros(m.num_envs, device=device),
+                             torch.zeros(m.num_envs, dtype=torch.bool, device=device),
+                             torch.zeros(m.num_envs, dtype=torch.bool, device=device)) for m in self.envs.members]
         # Capturing records kernels without running them: the state the eager rollout left behind
-        # is what the first replay starts from.
-        pool = torch.cuda.graph_pool_handle()  # one memory pool: the graphs always replay in this order
-        before, after, self.actions = [], [], []
-        for t in range(buffer.num_steps):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.actions.append(self._before_env(buffer, t))
-            before.append(graph)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._after_env(buffer, t, *self.env_outputs)
-            after.append(graph)
+        # is what the first replay starts from. One memory pool, so the graphs are captured in the
+        # order they replay: the pipeline's.
+        pool = torch.cuda.graph_pool_handle()
+        before, after, self.actions = {}, {}, {}
+        for t, group, columns in self._schedule(buffer.num_steps):
+            if t > 0:
+                after[t - 1, group] = graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._after_env(buffer, t - 1, columns, *self.env_outputs[group])
+            if t < buffer.num_steps:
+                before[t, group] = graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.actions[t, group] = self._before_env(buffer, t, columns)
         final = torch.cuda.CUDAGraph()
         with torch.cuda.graph(final, pool=pool):
             self._finish(buffer)
@@ -161,15 +193,12 @@ class Collector:
         captured_buffer, before, after, final = self._captured
         if buffer is not captured_buffer:
             raise ValueError("Collector: the CUDA graphs were captured on another RolloutBuffer")
-        for t in range(buffer.num_steps):
-            start = time.perf_counter()
-            before[t].replay()
-            middle = time.perf_counter()
-            self.envs.step(self.actions[t], out=self.env_outputs)
-            after_env = time.perf_counter()
-            after[t].replay()
-            self.env_seconds += after_env - middle
-            self.inference_seconds += (middle - start) + (time.perf_counter() - after_env)
-        start = time.perf_counter()
-        final.replay()
-        self.inference_seconds += time.perf_counter() - start
+
+        def act(t: int, group: int, envs: slice) -> torch.Tensor:
+            before[t, group].replay()
+            return self.actions[t, group]
+
+        self._pipeline(buffer.num_steps, act,
+                       receive=lambda group: self.envs.members[group].recv(out=self.env_outputs[group]),
+                       record=lambda t, group, envs, outputs: after[t, group].replay(),
+                       finish=final.replay)

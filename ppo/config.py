@@ -18,6 +18,9 @@ class EnvSettings:
     num_envs: int = 64
     backend: str = "envpool"  # envpool | gymnasium
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
+    # Split the envs into this many simulators, stepped as a pipeline: while one group simulates,
+    # the policy acts for the next (ppo.collect). 1: one simulator, stepped in lockstep.
+    groups: int = 1
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
@@ -171,6 +174,9 @@ def _validate(s: TrainSettings) -> None:
 
     positive("total_timesteps", s.total_timesteps)
     positive("env.num_envs", s.env.num_envs)
+    positive("env.groups", s.env.groups)
+    if s.env.num_envs % s.env.groups:
+        raise ConfigError(f"`env.groups` ({s.env.groups}) must divide `env.num_envs` ({s.env.num_envs})")
     positive("ppo.num_steps", s.ppo.num_steps)
     positive("ppo.num_minibatches", s.ppo.num_minibatches)
     positive("ppo.update_epochs", s.ppo.update_epochs)

@@ -7,6 +7,7 @@ reward 0 and the first observation of the new episode. `ppo.collect` relies on e
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from typing import Protocol
@@ -23,13 +24,25 @@ class VecEnv(Protocol):
     act_dim: int
     action_low: torch.Tensor  # [act_dim], on the run's device
     action_high: torch.Tensor
+    # The simulators behind it, in column order: `[self]`, or an EnvGroups' groups. Each can be
+    # sent actions and received from on its own, which lets the collector pipeline them.
+    members: list[VecEnv]
 
     def reset(self, seed: int) -> torch.Tensor: ...
 
+    def send(self, actions: torch.Tensor) -> None:
+        """Start a step with `actions` `[N, act_dim]`; envpool simulates it on its threads meanwhile."""
+        ...
+
+    def recv(self, out: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Wait for the step `send` started: `(observations [N, obs_dim] f32, rewards [N] f32,
+        terminateds [N] bool, truncateds [N] bool)`, copied into the tensors of `out` when given
+        (fixed addresses, for CUDA graphs)."""
+        ...
+
     def step(self, actions: torch.Tensor, out: tuple | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(observations [N, obs_dim] f32, rewards [N] f32, terminateds [N] bool, truncateds [N] bool)`,
-        copied into the tensors of `out` when given (fixed addresses, for CUDA graphs)."""
+        """`send` then `recv`."""
         ...
 
     def close(self) -> None: ...
@@ -102,7 +115,17 @@ def _envpool_mujoco_version(package_dir: str) -> str | None:
 
 
 def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
-    """Start `settings.num_envs` environments of `settings.id` (call `check_env_id` first)."""
+    """Start `settings.num_envs` environments of `settings.id` (call `check_env_id` first), as
+    `settings.groups` simulators when more than one."""
+    if settings.groups == 1:
+        return _make_simulator(settings, device, seed)
+    size = settings.num_envs // settings.groups
+    threads = settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
+    member = dataclasses.replace(settings, num_envs=size, groups=1, num_threads=max(1, threads // settings.groups))
+    return EnvGroups([_make_simulator(member, device, seed + g * size) for g in range(settings.groups)])
+
+
+def _make_simulator(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
     if settings.backend == "envpool":
         return EnvpoolEnvs(settings, device, seed)
     return GymnasiumEnvs(settings, device)
@@ -114,6 +137,7 @@ class _TensorEnvs:
 
     def __init__(self, env, num_envs: int, observation_space, action_space, device: torch.device):
         self.env, self.num_envs, self.device = env, num_envs, device
+        self.members = [self]
         self.obs_dim = int(np.prod(observation_space.shape))
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
@@ -124,7 +148,14 @@ class _TensorEnvs:
         return self._move(obs.reshape(self.num_envs, -1), torch.float32)
 
     def step(self, actions: torch.Tensor, out: tuple | None = None):
-        obs, rewards, terminateds, truncateds, _ = self.env.step(actions.detach().to("cpu", torch.float32).numpy())
+        self.send(actions)
+        return self.recv(out)
+
+    def send(self, actions: torch.Tensor) -> None:
+        self._actions = actions.detach().to("cpu", torch.float32).numpy()  # held until recv
+
+    def recv(self, out: tuple | None = None):
+        obs, rewards, terminateds, truncateds = self._step_results()
         arrays = (obs.reshape(self.num_envs, -1), rewards, terminateds, truncateds)
         if out is not None:
             for tensor, array in zip(out, arrays, strict=True):
@@ -135,6 +166,10 @@ class _TensorEnvs:
 
     def close(self) -> None:
         self.env.close()
+
+    def _step_results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions)
+        return obs, rewards, terminateds, truncateds
 
     def _reset_kwargs(self, seed: int) -> dict:
         return {"seed": seed}
@@ -153,12 +188,25 @@ class EnvpoolEnvs(_TensorEnvs):
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
                            num_threads=threads)
         super().__init__(env, settings.num_envs, env.observation_space, env.action_space, device)
+        self._env_ids = np.arange(settings.num_envs, dtype=np.int32)
+
+    def send(self, actions: torch.Tensor) -> None:
+        super().send(actions)
+        self.env.send(self._actions, self._env_ids)  # returns at once: the threads simulate meanwhile
+
+    def _step_results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        obs, rewards, terminateds, truncateds, info = self.env.recv()
+        if not np.array_equal(info["env_id"], self._env_ids):  # a whole-pool batch comes back in env order
+            raise RuntimeError(f"envpool returned envs {info['env_id']} out of order")
+        return obs, rewards, terminateds, truncateds
 
     def _reset_kwargs(self, seed: int) -> dict:
         return {}  # envpool is seeded at construction; a reset restarts every episode from that stream
 
 
 class GymnasiumEnvs(_TensorEnvs):
+    """gymnasium's synchronous vector env: `send` only stores the actions, `recv` steps them."""
+
     def __init__(self, settings: EnvSettings, device: torch.device):
         import gymnasium
 
@@ -167,3 +215,45 @@ class GymnasiumEnvs(_TensorEnvs):
             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP},
         )
         super().__init__(env, settings.num_envs, env.single_observation_space, env.single_action_space, device)
+
+
+class EnvGroups:
+    """Several simulators seen as one VecEnv, their envs side by side in group order.
+
+    `ppo.collect` steps the groups as a pipeline: it sends one group's actions, then, while that
+    group simulates on envpool's threads, receives the next group's step and runs the policy for
+    it. The simulator's hand-off and the policy's inference then hide behind simulation instead of
+    stalling every env. Env i of the whole is seeded `seed + i` as in one simulator (both backends
+    seed env i of a simulator with its seed + i; group g is made and reset with `seed + g * size`),
+    so grouping changes when the envs step, not what they are.
+    """
+
+    def __init__(self, members: list[VecEnv]):
+        self.members = members
+        first = members[0]
+        self.num_envs = sum(m.num_envs for m in members)
+        self.obs_dim, self.act_dim = first.obs_dim, first.act_dim
+        self.action_low, self.action_high = first.action_low, first.action_high
+        self._offsets = [sum(m.num_envs for m in members[:g]) for g in range(len(members))]
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return torch.cat([m.reset(seed + offset) for m, offset in zip(self.members, self._offsets, strict=True)])
+
+    def send(self, actions: torch.Tensor) -> None:
+        for m, offset in zip(self.members, self._offsets, strict=True):
+            m.send(actions[offset:offset + m.num_envs])
+
+    def recv(self, out: tuple | None = None):
+        parts = []
+        for m, offset in zip(self.members, self._offsets, strict=True):
+            rows = slice(offset, offset + m.num_envs)
+            parts.append(m.recv(None if out is None else tuple(x[rows] for x in out)))
+        return out if out is not None else tuple(torch.cat(column) for column in zip(*parts, strict=True))
+
+    def step(self, actions: torch.Tensor, out: tuple | None = None):
+        self.send(actions)
+        return self.recv(out)
+
+    def close(self) -> None:
+        for m in self.members:
+            m.close()

@@ -83,14 +83,16 @@ class RewardScaler:
         self.discounted_return = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.gamma, self.clip, self.enabled, self.frozen = gamma, clip, enabled, False
 
-    def __call__(self, rewards: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
-        """Scale `[N]` rewards of one step; `dones` ([N] bool) restarts those envs' returns after it."""
+    def __call__(self, rewards: torch.Tensor, dones: torch.Tensor, envs: slice = slice(None)) -> torch.Tensor:
+        """Scale the rewards of one step of the envs `envs` (a slice of the N; all by default);
+        `dones` (bool) restarts those envs' returns after it."""
         if not self.enabled:
             return rewards
         if not self.frozen:
-            self.discounted_return.mul_(self.gamma).add_(rewards)  # in place (see RunningMeanStd.update)
-            self.rms.update(self.discounted_return)
-            self.discounted_return.masked_fill_(dones, 0.0)
+            returns = self.discounted_return[envs]  # a view: updated in place (see RunningMeanStd.update)
+            returns.mul_(self.gamma).add_(rewards)
+            self.rms.update(returns)
+            returns.masked_fill_(dones, 0.0)
         return (rewards / torch.sqrt(self.rms.var.float() + 1e-8)).clamp(-self.clip, self.clip)
 
     def state_dict(self) -> dict:

@@ -25,10 +25,10 @@ class KnownPolicy:
         return zeros, torch.zeros(obs.shape[0]), torch.zeros(obs.shape[0]), self.get_value(obs)
 
 
-def collect_toy(num_steps: int, num_envs: int = 2) -> RolloutBuffer:
+def collect_toy(num_steps: int, num_envs: int = 2, groups: int = 1) -> RolloutBuffer:
     register_toy_envs()
     device = torch.device("cpu")
-    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=num_envs, backend="gymnasium"), device, seed=0)
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=num_envs, backend="gymnasium", groups=groups), device, seed=0)
     buffer = RolloutBuffer(num_steps, num_envs, 1, 1, device)
     collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device, enabled=False),
                           RewardScaler(num_envs, GAMMA, device, enabled=False), device, seed=0)
@@ -173,17 +173,18 @@ def test_envpool_backend_follows_the_same_autoreset_rules():
     assert buffer.bootstrap_values[:199].abs().sum().item() == 0.0
 
 
-def collect_toy_rollouts(device: torch.device, graphs: bool, rollouts: int = 3, num_steps: int = 5) -> list[dict]:
+def collect_toy_rollouts(device: torch.device, graphs: bool, rollouts: int = 3, num_steps: int = 5,
+                         num_envs: int = 3, groups: int = 1) -> list[dict]:
     """Rollouts of a real Agent on the toy env (actions ignored), with both normalisers on."""
     from ppo.agent import Agent
 
     register_toy_envs()
     torch.manual_seed(0)
-    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=3, backend="gymnasium"), device, seed=0)
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=num_envs, backend="gymnasium", groups=groups), device, seed=0)
     agent = Agent(1, 1).to(device)
-    buffer = RolloutBuffer(num_steps, 3, 1, 1, device)
-    collector = Collector(envs, agent, ObservationNormalizer(1, device), RewardScaler(3, GAMMA, device), device,
-                          seed=0, graphs=graphs)
+    buffer = RolloutBuffer(num_steps, num_envs, 1, 1, device)
+    collector = Collector(envs, agent, ObservationNormalizer(1, device), RewardScaler(num_envs, GAMMA, device),
+                          device, seed=0, graphs=graphs)
     results = []
     for _ in range(rollouts):
         collector.collect(buffer)
@@ -201,13 +202,14 @@ def collect_toy_rollouts(device: torch.device, graphs: bool, rollouts: int = 3, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
-def test_cuda_graph_collection_matches_the_eager_loop():
+@pytest.mark.parametrize("num_envs, groups", [(3, 1), (4, 2)])
+def test_cuda_graph_collection_matches_the_eager_loop(num_envs, groups):
     # The toy env ignores actions, so everything but the sampled actions is deterministic: the
     # replayed rollouts (the 2nd and 3rd) must record what the eager loop records, and keep the
     # normalisers and episode statistics moving the same way.
     cuda = torch.device("cuda")
-    eager = collect_toy_rollouts(cuda, graphs=False)
-    graphed = collect_toy_rollouts(cuda, graphs=True)
+    eager = collect_toy_rollouts(cuda, graphs=False, num_envs=num_envs, groups=groups)
+    graphed = collect_toy_rollouts(cuda, graphs=True, num_envs=num_envs, groups=groups)
     for rollout_eager, rollout_graphed in zip(eager, graphed, strict=True):
         for name, expected in rollout_eager.items():
             torch.testing.assert_close(rollout_graphed[name], expected, msg=name)
@@ -222,3 +224,86 @@ def test_toy_rollouts_of_the_eager_loop_are_reproducible():
         for name, expected in a.items():
             torch.testing.assert_close(b[name], expected, msg=name)
     assert first[0]["episodes"][0] > 0, "the toy rollouts should finish episodes"
+
+
+ROLLOUT_FIELDS = ("observations", "values", "rewards", "terminateds", "truncateds", "bootstrap_values", "valid")
+
+
+@pytest.mark.parametrize("num_envs, groups", [(4, 2), (6, 3), (5, 5)])
+def test_grouped_simulators_record_what_one_simulator_records(num_envs, groups):
+    # Pipelining changes when each group steps, not what lands in its columns: over a window with
+    # terminations, truncations and dummy steps, every field matches the lockstep collector's.
+    one, grouped = collect_toy(11, num_envs), collect_toy(11, num_envs, groups)
+    for name in ROLLOUT_FIELDS:
+        assert torch.equal(getattr(grouped, name), getattr(one, name)), name
+
+
+def test_grouped_rollouts_with_normalisers_keep_the_statistics_of_one_simulator():
+    # A real agent and both normalisers, over windows. Each group normalises its observations and
+    # rewards with the statistics as they stand when it is received (so a later group's step t has
+    # seen the earlier groups' step t); after each whole step the statistics have folded in the
+    # same samples as one simulator's, and the flags and episode totals are the same.
+    one = collect_toy_rollouts(torch.device("cpu"), graphs=False, num_envs=4)
+    grouped = collect_toy_rollouts(torch.device("cpu"), graphs=False, num_envs=4, groups=2)
+    for a, b in zip(one, grouped, strict=True):
+        for name in ("terminateds", "truncateds", "valid", "episodes", "obs_mean", "reward_var"):
+            torch.testing.assert_close(b[name], a[name], msg=name)
+        assert not torch.equal(b["observations"][:, :2], a["observations"][:, :2])  # see above
+        torch.testing.assert_close(b["observations"][:, 2:], a["observations"][:, 2:])  # the last group
+
+
+class RecordingEnvs:
+    """A simulator that logs its send/recv calls into a shared list."""
+
+    def __init__(self, name: str, log: list, num_envs: int = 2):
+        self.name, self.log, self.num_envs, self.obs_dim, self.act_dim = name, log, num_envs, 1, 1
+        self.action_low, self.action_high = torch.tensor([-1.0]), torch.tensor([1.0])
+        self.members = [self]
+
+    def reset(self, seed: int) -> torch.Tensor:
+        return torch.zeros(self.num_envs, 1)
+
+    def send(self, actions: torch.Tensor) -> None:
+        self.log.append(f"send {self.name}")
+
+    def recv(self, out=None):
+        self.log.append(f"recv {self.name}")
+        n = self.num_envs
+        return torch.zeros(n, 1), torch.ones(n), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+
+
+def test_the_pipeline_sends_one_group_before_receiving_the_next():
+    from ppo.envs import EnvGroups
+
+    log: list[str] = []
+    envs = EnvGroups([RecordingEnvs("A", log), RecordingEnvs("B", log)])
+    device = torch.device("cpu")
+    collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device, enabled=False),
+                          RewardScaler(4, GAMMA, device, enabled=False), device, seed=0)
+    collector.collect(RolloutBuffer(3, 4, 1, 1, device))
+    # While A simulates step t, B's step t-1 is received and its step t sent, and the reverse.
+    assert log == ["send A", "send B",
+                   "recv A", "send A", "recv B", "send B",
+                   "recv A", "send A", "recv B", "send B",
+                   "recv A", "recv B"]
+
+
+@pytest.mark.skipif(not _envpool_has("Hopper-v4"), reason="this envpool build has no Hopper-v4")
+def test_envpool_groups_are_the_envs_of_one_simulator():
+    # Seeding: group g is made with seed + g * size, so env i of the groups is env i of one pool.
+    import numpy as np
+
+    device = torch.device("cpu")
+    settings = EnvSettings(id="Hopper-v4", num_envs=6, backend="envpool", num_threads=2)
+    one = make_envs(settings, device, seed=3)
+    grouped = make_envs(EnvSettings(id="Hopper-v4", num_envs=6, backend="envpool", num_threads=2, groups=3),
+                        device, seed=3)
+    assert len(grouped.members) == 3 and grouped.num_envs == 6
+    assert torch.equal(grouped.reset(3), one.reset(3))
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # long enough for Hopper's early falls: terminations and autoresets
+        actions = torch.from_numpy(rng.uniform(-1, 1, (6, one.act_dim)).astype(np.float32))
+        for a, b in zip(grouped.step(actions), one.step(actions), strict=True):
+            assert torch.equal(a, b)
+    one.close()
+    grouped.close()

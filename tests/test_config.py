@@ -38,6 +38,8 @@ def test_any_env_id_without_a_file():
 
 @pytest.mark.parametrize("override,message", [
     ("env.num_envs=0", "`env.num_envs` must be positive, got 0"),
+    ("env.groups=3", r"`env.groups` \(3\) must divide `env.num_envs` \(64\)"),
+    ("env.groups=0", "`env.groups` must be positive, got 0"),
     ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
     ("env.backend=isaac", "`env.backend` must be envpool or gymnasium, got 'isaac'"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),
