@@ -35,7 +35,7 @@ from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
-from ppo.envs import check_env_id, make_envs, simulator_version
+from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
 from ppo.fused_update import unsupported_reason
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
@@ -129,7 +129,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         write_run_info(run_dir, settings, device, workers.world_size)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
                                             ("compiled loss", compiles(ppo, device) and not ppo.fused_update)) if on]
-        groups = f" in {settings.env.groups} pipelined groups" if settings.env.groups > 1 else ""
+        groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x {workers.world_size} "
               f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
               f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
@@ -206,7 +206,7 @@ def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, 
     hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
     info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
-            "simulator": simulator_version(settings.env.backend),
+            "simulator": simulator_version(settings.env.backend), "env_groups": env_groups(settings.env, device),
             "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})"}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run_info.json").write_text(json.dumps(info, indent=1))

@@ -19,8 +19,9 @@ class EnvSettings:
     backend: str = "envpool"  # envpool | gymnasium
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
     # Split the envs into this many simulators, stepped as a pipeline: while one group simulates,
-    # the policy acts for the next (ppo.collect). 1: one simulator, stepped in lockstep.
-    groups: int = 1
+    # the policy acts for the next (ppo.collect). 1: one simulator, stepped in lockstep; auto: 2 on
+    # CUDA where num_envs is even, else 1 (ppo.envs.env_groups says why)
+    groups: int | str = "auto"
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
@@ -131,6 +132,10 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
         if not (isinstance(value, bool) or value == "auto"):
             raise ConfigError(f"`{key}` must be true, false or auto, got {value!r}")
         return value
+    if annotation == "int | str":  # a count, or auto (picks itself per device)
+        if value != "auto" and not (_is_int(value) and value > 0):
+            raise ConfigError(f"`{key}` must be a positive integer or auto, got {value!r}")
+        return value
     if annotation == "str | bool":  # a named choice that also takes a boolean (the class maps it)
         if not isinstance(value, (str, bool)):
             raise ConfigError(f"`{key}` must be a name or true/false, got {value!r}")
@@ -174,8 +179,7 @@ def _validate(s: TrainSettings) -> None:
 
     positive("total_timesteps", s.total_timesteps)
     positive("env.num_envs", s.env.num_envs)
-    positive("env.groups", s.env.groups)
-    if s.env.num_envs % s.env.groups:
+    if s.env.groups != "auto" and s.env.num_envs % s.env.groups:
         raise ConfigError(f"`env.groups` ({s.env.groups}) must divide `env.num_envs` ({s.env.num_envs})")
     positive("ppo.num_steps", s.ppo.num_steps)
     positive("ppo.num_minibatches", s.ppo.num_minibatches)

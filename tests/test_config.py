@@ -39,7 +39,8 @@ def test_any_env_id_without_a_file():
 @pytest.mark.parametrize("override,message", [
     ("env.num_envs=0", "`env.num_envs` must be positive, got 0"),
     ("env.groups=3", r"`env.groups` \(3\) must divide `env.num_envs` \(64\)"),
-    ("env.groups=0", "`env.groups` must be positive, got 0"),
+    ("env.groups=0", "`env.groups` must be a positive integer or auto, got 0"),
+    ("env.groups=two", "`env.groups` must be a positive integer or auto, got 'two'"),
     ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
     ("env.backend=isaac", "`env.backend` must be envpool or gymnasium, got 'isaac'"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),
@@ -78,3 +79,16 @@ def test_norm_adv_means_the_same_when_settings_are_built_in_code():
     assert PPOSettings(norm_adv=True).norm_adv == "minibatch" and PPOSettings(norm_adv=False).norm_adv == "off"
     with pytest.raises(ConfigError, match="`ppo.norm_adv` must be one of"):
         PPOSettings(norm_adv="global")
+
+
+def test_env_groups_auto_pipelines_two_groups_on_cuda_only():
+    import torch
+
+    from ppo.envs import env_groups
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compose_settings().env.groups == "auto"
+    assert env_groups(compose_settings().env, cuda) == 2
+    assert env_groups(compose_settings().env, cpu) == 1
+    assert env_groups(compose_settings("env.num_envs=9").env, cuda) == 1  # no even split
+    assert env_groups(compose_settings("env.groups=4").env, cpu) == 4
