@@ -130,9 +130,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
                                             ("compiled loss", compiles(ppo, device) and not ppo.fused_update)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
-        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x {workers.world_size} "
-              f"workers) on {device}{' with ' + ' and '.join(fast_paths) if fast_paths else ''} for "
-              f"{settings.total_timesteps:,} steps; run dir {run_dir}", flush=True)
+        paths = " with " + " and ".join(fast_paths) if fast_paths else ""
+        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x "
+              f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps; "
+              f"run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
             compile_time = (" (torch.compile takes ~25 s on the lent H200 host, ~16 s on a 2-core CPU)"
                             if "compiled loss" in fast_paths else "")

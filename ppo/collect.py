@@ -61,8 +61,8 @@ class Collector:
 
     With `graphs` (one CUDA device), the first `collect` runs eagerly on a side stream (the warm-up
     CUDA graph capture needs), then every step's device work before and after the simulator is
-    captured, one graph per step, env group and side: later rollouts replay them, and only the simulator's
-    hand-off (actions out, observations in) stays in Python. The captured code is the eager code;
+    captured, one graph per step, env group and side: later rollouts replay them, and only the
+    simulator's hand-off (actions out, observations in) stays in Python. The captured code is the eager code;
     it keeps all state in tensors updated in place, so a replay reads and writes the same memory.
     """
 
