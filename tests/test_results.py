@@ -70,7 +70,8 @@ def test_runs_of_an_experiment_are_their_own_row(tmp_path):
 def test_learning_overrides_and_hardware_split_rows_and_execution_overrides_do_not(tmp_path):
     runs = tmp_path / "runs"
     fake_run(runs / "a1", "Ant-v4", 1, 100.0, overrides=("+experiment=ant_10m", "device=cuda", "env.num_threads=16"))
-    fake_run(runs / "a2", "Ant-v4", 2, 300.0, overrides=("+experiment=ant_10m", "ppo.compile=false", "log_every_s=30",
+    fake_run(runs / "a2", "Ant-v4", 2, 300.0, overrides=("+experiment=ant_10m", "ppo.compile=false", "env.groups=2",
+                                                        "log_every_s=30",
                                                         "hydra.run.dir=/tmp/x", "checkpoint.every=5"))
     fake_run(runs / "kl", "Ant-v4", 1, 500.0, overrides=("+experiment=ant_10m", "ppo.adaptive_lr_kl=0.016",
                                                         "'model.hidden_sizes=[8,8]'"))
@@ -146,3 +147,16 @@ def test_reproduction_takes_another_10m_experiment_and_rejects_unknown_ones():
     assert result.returncode == 0 and "+experiment=ant_10m_adaptive" in result.stdout.splitlines()[1].split()
     result = dry_run("--ant-10m-experiment", "ant_1m")
     assert result.returncode == 2 and "invalid choice: 'ant_1m'" in result.stderr
+
+
+def test_random_action_statistics_of_the_toy_env(capsys):
+    # The toy env's 8 steps from reset (tests/test_collect.py): two valid episodes per env (lengths 2
+    # and 3, one terminated, one truncated) and two autoreset dummies, which are left out.
+    from scripts.simulator_trajectory import random_action_statistics
+    from tests.toy_env import TOY_ID, register_toy_envs
+
+    register_toy_envs()
+    random_action_statistics(TOY_ID, "gymnasium", num_envs=2, steps=8, seed=0, action_seed=0)
+    out = capsys.readouterr().out
+    assert "reward per step 1.6667" in out  # rewards 1, 2 | 1, 2, 3 | 1 over the valid steps
+    assert "terminations 2, truncations 2, mean episode length 2.5" in out
