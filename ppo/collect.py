@@ -26,7 +26,7 @@ import torch
 
 from buffers import RolloutBuffer
 from ppo.agent import Agent
-from ppo.envs import VecEnv
+from ppo.envs import VecEnv, member_columns
 from ppo.normalize import ObservationNormalizer, RewardScaler
 
 
@@ -75,8 +75,7 @@ class Collector:
         self.episodes = EpisodeStats(envs.num_envs, device)
         self.env_seconds = self.inference_seconds = 0.0
         self.graphs = graphs
-        sizes = [m.num_envs for m in envs.members]  # each simulator's columns of the buffer
-        self.columns = [slice(sum(sizes[:g]), sum(sizes[:g + 1])) for g in range(len(sizes))]
+        self.columns = member_columns(envs)  # each simulator's columns of the buffer
         self._captured: tuple | None = None  # (buffer, before-env graphs, after-env graphs, final graph)
 
     @torch.no_grad()

@@ -228,6 +228,12 @@ class GymnasiumEnvs(_TensorEnvs):
         super().__init__(env, settings.num_envs, env.single_observation_space, env.single_action_space, device)
 
 
+def member_columns(envs: VecEnv) -> list[slice]:
+    """Each of `envs.members`' envs as a slice of the whole's columns (of the buffer, of actions)."""
+    sizes = [m.num_envs for m in envs.members]
+    return [slice(sum(sizes[:g]), sum(sizes[:g + 1])) for g in range(len(sizes))]
+
+
 class EnvGroups:
     """Several simulators seen as one VecEnv, their envs side by side in group order.
 
@@ -245,19 +251,18 @@ class EnvGroups:
         self.num_envs = sum(m.num_envs for m in members)
         self.obs_dim, self.act_dim = first.obs_dim, first.act_dim
         self.action_low, self.action_high = first.action_low, first.action_high
-        self._offsets = [sum(m.num_envs for m in members[:g]) for g in range(len(members))]
+        self._columns = member_columns(self)
 
     def reset(self, seed: int) -> torch.Tensor:
-        return torch.cat([m.reset(seed + offset) for m, offset in zip(self.members, self._offsets, strict=True)])
+        return torch.cat([m.reset(seed + rows.start) for m, rows in zip(self.members, self._columns, strict=True)])
 
     def send(self, actions: torch.Tensor) -> None:
-        for m, offset in zip(self.members, self._offsets, strict=True):
-            m.send(actions[offset:offset + m.num_envs])
+        for m, rows in zip(self.members, self._columns, strict=True):
+            m.send(actions[rows])
 
     def recv(self, out: tuple | None = None):
         parts = []
-        for m, offset in zip(self.members, self._offsets, strict=True):
-            rows = slice(offset, offset + m.num_envs)
+        for m, rows in zip(self.members, self._columns, strict=True):
             parts.append(m.recv(None if out is None else tuple(x[rows] for x in out)))
         return out if out is not None else tuple(torch.cat(column) for column in zip(*parts, strict=True))
 

@@ -29,6 +29,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from buffers import SampleTable  # noqa: E402
 from kernels.ppo_step import ppo_minibatch_step_kernel  # noqa: E402
 from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
@@ -72,7 +73,7 @@ def fused_step_launch(obs_dim: int, act_dim: int, hidden: tuple[int, int], batch
     optimizer = make_optimizer(agent, settings, cpu, graphs=False)
     fused_update.ensure_adam_state(optimizer)
     step = fused_update.FusedStep(agent, optimizer, settings)
-    table = torch.zeros(batch, obs_dim + act_dim + 5)
+    table = SampleTable(batch, obs_dim, act_dim, cpu).data
     rows = torch.arange(batch)
     stats = torch.zeros(len(STAT_NAMES))
     return step.launch_arguments(table, rows, stats.clone(), stats)
