@@ -96,7 +96,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
-    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer).to(device)
+    compiled_loss = compiles(ppo, device) and not ppo.fused_update
+    # The compiled loss runs the actor and critic side by side (fewer kernels); eager, that is slower.
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer, compiled_loss).to(device)
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
@@ -128,7 +130,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     if workers.is_main:
         write_run_info(run_dir, settings, device, workers.world_size)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
-                                            ("compiled loss", compiles(ppo, device) and not ppo.fused_update)) if on]
+                                            ("compiled loss", compiled_loss)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
         paths = " with " + " and ".join(fast_paths) if fast_paths else ""
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x "

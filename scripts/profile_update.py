@@ -39,7 +39,7 @@ def main() -> None:
     if args.num_warps is not None:
         fused_update.NUM_WARPS = args.num_warps
     settings = PPOSettings(compile=args.compile, fused_update=args.fused)
-    agent = Agent(args.obs_dim, args.act_dim).to(device)
+    agent = Agent(args.obs_dim, args.act_dim, side_by_side=args.compile and not args.fused).to(device)  # as train.py
     buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
     for name in ("observations", "actions", "values", "advantages", "returns"):
         getattr(buffer, name).normal_()

@@ -45,3 +45,36 @@ def test_a_shared_agent_round_trips_through_its_state_dict():
     obs = torch.randn(4, 5)
     torch.testing.assert_close(b.get_value(obs), a.get_value(obs))
     assert b.critic[0] is b.trunk and b.actor_mean[0] is b.trunk, "loading must not untie the trunk"
+
+
+@pytest.mark.parametrize("hidden_sizes,activation,act_dim", [((64, 64), "tanh", 8), ((16, 8, 4), "elu", 3),
+                                                              ((7,), "relu", 1), ((5, 6), "tanh", 2)])
+def test_side_by_side_networks_compute_what_the_separate_ones_do(hidden_sizes, activation, act_dim):
+    # The same parameters run as one network (for the compiled loss): outputs and gradients must match
+    # the two separate networks', for one to three hidden layers of different widths and an actor
+    # with one output (nothing to pad the critic's row to).
+    torch.manual_seed(0)
+    separate = Agent(5, act_dim, hidden_sizes=hidden_sizes, activation=activation)
+    side = Agent(5, act_dim, hidden_sizes=hidden_sizes, activation=activation, side_by_side=True)
+    side.load_state_dict(separate.state_dict())
+    assert side.side_by_side and not separate.side_by_side
+    with torch.no_grad():  # nonzero biases, so a bias in the wrong network would show
+        for p in list(side.parameters()) + list(separate.parameters()):
+            p.add_(0.01 * torch.arange(p.numel()).reshape(p.shape).sin())
+    obs, action = torch.randn(13, 5), torch.randn(13, act_dim)
+    results = []
+    for agent in (separate, side):
+        _, log_prob, _, value = agent.get_action_and_value(obs, action)
+        (log_prob.sum() + value.square().sum()).backward()
+        results.append((log_prob, value, [p.grad for p in agent.parameters()]))
+    (lp_a, v_a, g_a), (lp_b, v_b, g_b) = results
+    torch.testing.assert_close(lp_b, lp_a)
+    torch.testing.assert_close(v_b, v_a)
+    for a, b in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(b, a)
+
+
+def test_side_by_side_applies_only_to_separate_networks_with_hidden_layers():
+    assert not Agent(5, 3, hidden_sizes=(8,), shared_trunk=True, side_by_side=True).side_by_side
+    assert not Agent(5, 3, hidden_sizes=(), side_by_side=True).side_by_side
+    assert make_agent(5, 3, ModelSettings(hidden_sizes=(8,)), side_by_side=True).side_by_side
