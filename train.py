@@ -195,6 +195,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             logger.progress(global_step, None, final=True)
             if stop.requested:
                 print(f"stopped by signal at step {global_step:,}; checkpoint {path} (resume={run_dir})", flush=True)
+            else:
+                final = mean_of_last_episodes(recent)
+                score = (f"mean return of the last 100 episodes {final:.1f} (CleanRL's metric)" if math.isfinite(final)
+                         else "no episode finished")
+                print(f"finished at step {global_step:,}: {score}; logs and checkpoint in {run_dir}", flush=True)
     finally:
         envs.close()
         logger.close()

@@ -29,6 +29,7 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
                        f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert "step 512/512" in result.stdout and "SPS" in result.stdout
+    assert "finished at step 512: " in result.stdout and str(tmp_path) in result.stdout  # the closing line
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
     checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
@@ -124,7 +125,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
-    assert "stopped by signal" in out
+    assert "stopped by signal" in out and "finished at step" not in out
     run_dirs = [p.parent for p in tmp_path.rglob("checkpoints")]
     assert len(run_dirs) == 1
     checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=False)
