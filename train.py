@@ -97,8 +97,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
     compiled_loss = compiles(ppo, device) and not ppo.fused_update
-    # The compiled loss runs the actor and critic side by side (fewer kernels); eager, that is slower.
-    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer, compiled_loss).to(device)
+    # On a GPU the compiled loss runs the actor and critic side by side (fewer kernels per step); on a
+    # CPU that is slower, compiled or not (docs/benchmarks.md).
+    side_by_side = compiled_loss and device.type == "cuda"
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer, side_by_side).to(device)
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1

@@ -87,8 +87,9 @@ class Agent(nn.Module):
         weights concatenated, each later layer as one batched product of their stacked weights, the
         critic's one output row padded to the actor's width. The same parameters and math; on a GPU
         the minibatch step is launch-bound, and this halves its matrix products (on the H200: device
-        time per compiled step 101 -> 81 us, docs/benchmarks.md). Eager on a CPU it is slower (the
-        stacking costs more than it saves there), so only the compiled loss uses it (`make_agent`)."""
+        time per compiled step 101 -> 81 us, docs/benchmarks.md). On a CPU it is slower, eager or
+        compiled (the stacking costs more than it saves there), so train.py uses it for the compiled
+        loss on CUDA only."""
         pairs = list(zip(self.actor_mean, self.critic, strict=True))
         first, *middle, (actor_out, critic_out) = [(a, c) for a, c in pairs if isinstance(a, nn.Linear)]
         activations = [a for a, _ in pairs if not isinstance(a, nn.Linear)]
@@ -131,6 +132,6 @@ def _stacked_linear(h: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor],
 def make_agent(obs_dim: int, act_dim: int, model: ModelSettings,
                value_normalizer: ValueNormalizer | None = None, side_by_side: bool = False) -> Agent:
     """The agent a run's `model.*` settings describe (training and evaluation build it here).
-    `side_by_side`: run the two networks as one (`Agent._side_by_side`; for the compiled loss)."""
+    `side_by_side`: run the two networks as one (`Agent._side_by_side`; for the compiled loss on CUDA)."""
     return Agent(obs_dim, act_dim, model.hidden_sizes, model.init_log_std, model.activation, value_normalizer,
                  model.shared_trunk, side_by_side)
