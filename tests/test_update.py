@@ -133,7 +133,10 @@ def test_normalized_value_loss_is_measured_in_the_critics_units():
     assert unnormalized > 100 * ours, "normalised errors are in units of the returns' std (30 here)"
 
 
-def test_compiled_loss_matches_eager():
+@pytest.mark.parametrize("side_by_side", [False, True], ids=["separate", "side_by_side"])
+def test_compiled_loss_matches_eager(side_by_side):
+    # On CUDA the compiled loss runs the two networks side by side (train.py); here on the CPU the
+    # compiled side-by-side loss must match the eager loss of the separate networks as well.
     from ppo import update
 
     torch.manual_seed(0)
@@ -150,6 +153,7 @@ def test_compiled_loss_matches_eager():
 
     eager = loss_stats_and_grads(ppo_loss, PPOSettings())
     settings = PPOSettings(compile=True)
+    agent.side_by_side = side_by_side
     compiled = loss_stats_and_grads(update._loss_function(settings, torch.device("cpu")), settings)
     for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
