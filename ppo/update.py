@@ -8,6 +8,9 @@ instead (`fused_ppo_update`, `ppo/fused_update.py`), eager or replayed the same 
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 from torch import nn
 
@@ -58,11 +61,28 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
 _compiled_loss = None
 
 
-def compiles(settings: PPOSettings, device: torch.device) -> bool:
-    """Whether the loss runs torch.compile'd. `auto` means on CUDA only: there it cut the replayed
-    update ~2.6x for a one-off ~25 s compile (docs/benchmarks.md); on CPU the gain is smaller, the
-    compile needs a C++ compiler, and short runs and tests would pay it every time."""
-    return device.type == "cuda" if settings.compile == "auto" else bool(settings.compile)
+# On a CPU the compile (~16 s on 2 cores) pays from ~400k steps: Ant-v4's default config trained at
+# 5.4-5.5k steps/s compiled against 4.4-4.5k eager on the 2-core CPU machine (docs/benchmarks.md).
+CPU_COMPILE_MIN_STEPS = 500_000
+
+
+def compiles(settings: PPOSettings, device: torch.device, steps: int | None = None) -> bool:
+    """Whether the loss runs torch.compile'd. `auto`: on CUDA always (there it cut the replayed update
+    ~2.6x for a one-off ~25 s compile, docs/benchmarks.md); on a CPU when at least
+    `CPU_COMPILE_MIN_STEPS` `steps` are left to train and a C++ compiler is installed (the CPU
+    backend builds C++), so short runs and tests never pay the compile. Call it once per run
+    (train.py stores the answer in the settings), so every part of the run agrees."""
+    if settings.compile != "auto":
+        return bool(settings.compile)
+    if device.type == "cuda":
+        return True
+    return steps is not None and steps >= CPU_COMPILE_MIN_STEPS and has_cxx_compiler()
+
+
+def has_cxx_compiler() -> bool:
+    """Whether a C++ compiler for torch.compile's CPU backend is on the PATH (`$CXX`, g++, c++ or clang++)."""
+    names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    return any(name and shutil.which(name) for name in names)
 
 
 def _loss_function(settings: PPOSettings, device: torch.device):
