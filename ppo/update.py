@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -80,9 +82,11 @@ def compiles(settings: PPOSettings, device: torch.device, steps: int | None = No
 
 
 def has_cxx_compiler() -> bool:
-    """Whether a C++ compiler for torch.compile's CPU backend is on the PATH (`$CXX`, g++, c++ or clang++)."""
+    """Whether torch.compile's CPU backend can build here: a C++ compiler on the PATH (`$CXX`, g++,
+    c++ or clang++) and Python's C headers, which its generated code includes."""
     names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
-    return any(name and shutil.which(name) for name in names)
+    headers = Path(sysconfig.get_path("include")) / "Python.h"
+    return any(name and shutil.which(name) for name in names) and headers.is_file()
 
 
 def _loss_function(settings: PPOSettings, device: torch.device):

@@ -263,6 +263,8 @@ def test_compile_auto_means_cuda_and_long_cpu_runs(monkeypatch):
 
 
 def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
+    import sysconfig
+
     from ppo.update import has_cxx_compiler
 
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -272,7 +274,9 @@ def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
     compiler.write_text("#!/bin/sh\n")
     compiler.chmod(0o755)
     monkeypatch.setenv("CXX", "my-c++")
-    assert has_cxx_compiler()
+    assert has_cxx_compiler()  # (this machine has Python's headers: the CPU tests compile the loss)
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))  # a Python without its headers
+    assert not has_cxx_compiler()
 
 
 @pytest.mark.parametrize("capturable", [False, True])
