@@ -13,6 +13,7 @@ import triton
 from torch import nn
 
 from kernels.ppo_step import ppo_minibatch_step_kernel
+from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 
@@ -54,29 +55,17 @@ class FusedStep:
     diagnostics (`ppo.update.STAT_NAMES`) into `total` and writes them into `stats`.
 
     Construct it after the optimizer has state (`ensure_adam_state`); it holds the addresses of the
-    parameters and of the optimizer's moments, so a captured CUDA graph can replay it. All Adam
-    step counters become views of one tensor, which the kernel advances together.
+    parameters and of the optimizer's moments, so a captured CUDA graph can replay it.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings):
-        (group,) = optimizer.param_groups
-        if group["weight_decay"] or group["amsgrad"] or group["maximize"]:
-            raise ValueError("the fused PPO step implements plain Adam (no weight decay, amsgrad or maximize)")
         actor, critic = agent.actor_mean, agent.critic
         self.params = [actor[0].weight, actor[0].bias, actor[2].weight, actor[2].bias, actor[4].weight,
                        actor[4].bias, agent.actor_log_std, critic[0].weight, critic[0].bias, critic[2].weight,
                        critic[2].bias, critic[4].weight, critic[4].bias]
-        if {id(p) for p in self.params} != {id(p) for p in group["params"]}:
-            raise ValueError("the optimizer's parameters are not exactly the agent's")
-        state = [optimizer.state[p] for p in self.params]
-        self.exp_avg = [s["exp_avg"] for s in state]
-        self.exp_avg_sq = [s["exp_avg_sq"] for s in state]
-        device = self.params[0].device
-        self.steps = torch.stack([s["step"].to(device, torch.float32) for s in state])
-        if not torch.all(self.steps == self.steps[0]):
-            raise ValueError("the fused PPO step needs every parameter at the same Adam step count")
-        for index, s in enumerate(state):
-            s["step"] = self.steps[index]  # a view: the kernel advances them all
+        # All Adam step counters become views of self.steps, which the kernel advances together.
+        self.exp_avg, self.exp_avg_sq, self.steps = bind_adam_state(optimizer, self.params, "the fused PPO step")
+        (group,) = optimizer.param_groups
         self.group = group  # its "lr" is read at each call: a float (eager Adam) or a device tensor (capturable)
         self.lr = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         self.betas, self.eps = group["betas"], group["eps"]
@@ -116,15 +105,3 @@ class FusedStep:
 def _block(n: int) -> int:
     """A tile dimension for `n`: a power of two, at least 16 (`tl.dot`'s minimum)."""
     return max(16, triton.next_power_of_2(n))
-
-
-def ensure_adam_state(optimizer: torch.optim.Adam) -> None:
-    """Create Adam's per-parameter state as its first `step()` would (zero moments, step 0 on the
-    parameter's device), where it does not exist yet: the fused kernel updates it in place."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)

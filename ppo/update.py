@@ -4,7 +4,8 @@ epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional tar
 `ppo_update` is the plain loop. `Updater` runs it, or, on one CUDA device, replays each epoch as a
 CUDA graph: a minibatch step is ~150 tiny kernels, and launching them one by one from Python costs
 far more than running them. With `ppo.fused_update`, each minibatch step is one Triton kernel
-instead (`fused_ppo_update`, `ppo/fused_update.py`), eager or replayed the same way."""
+instead (`fused_ppo_update`, `ppo/fused_update.py`), eager or replayed the same way. With a
+compiled loss on a CPU, the plain loop runs each step as one compiled function (`ppo/compiled_step.py`)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from torch import nn
 
 from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
+from ppo.adam_state import ensure_adam_state
 from ppo.agent import Agent
+from ppo.compiled_step import CompiledStep
 from ppo.config import PPOSettings
-from ppo.fused_update import FusedStep, ensure_adam_state
+from ppo.fused_update import FusedStep
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "old_approx_kl")
 
@@ -89,6 +92,14 @@ def has_cxx_compiler() -> bool:
     return any(name and shutil.which(name) for name in names) and headers.is_file()
 
 
+def compiles_whole_step(settings: PPOSettings, device: torch.device) -> bool:
+    """Whether the plain loop runs each minibatch step as one compiled function (`CompiledStep`): where
+    the loss is compiled on a CPU, in one process. There it is 2.7x faster than compiling the loss
+    alone (docs/benchmarks.md); on a GPU the update replays CUDA graphs, where it measured no faster,
+    and data-parallel workers average their gradients between backward and Adam."""
+    return compiles(settings, device) and device.type == "cpu" and not distributed.active()
+
+
 def _loss_function(settings: PPOSettings, device: torch.device):
     """`ppo_loss`, or its torch.compile'd twin (built once per process; shapes are fixed)."""
     global _compiled_loss
@@ -100,9 +111,10 @@ def _loss_function(settings: PPOSettings, device: torch.device):
 
 
 def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBuffer, settings: PPOSettings,
-               generator: torch.Generator) -> dict[str, torch.Tensor]:
+               generator: torch.Generator, step: CompiledStep | None = None) -> dict[str, torch.Tensor]:
     """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
-    `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it)."""
+    `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it). With
+    `step`, each minibatch's loss, backward, clipping and Adam step is that one compiled function."""
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
     minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv == "batch",
@@ -112,12 +124,15 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     adaptive = settings.adaptive_lr_kl is not None
     epoch_kl = torch.zeros((), device=buffer.device)  # summed only for the adaptive rate (off the hot path otherwise)
     for index, mb in enumerate(minibatches):
-        loss, stats = loss_function(agent, mb, settings)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.average_gradients(parameters)  # data parallel: every worker takes the same step
-        nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
-        optimizer.step()
+        if step is not None:
+            stats = step(mb)
+        else:
+            loss, stats = loss_function(agent, mb, settings)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            distributed.average_gradients(parameters)  # data parallel: every worker takes the same step
+            nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
+            optimizer.step()
         total += stats
         if adaptive:
             epoch_kl += stats[3]
@@ -248,7 +263,9 @@ class Updater:
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, graphs: bool = False):
         self.agent, self.optimizer, self.settings, self.graphs = agent, optimizer, settings, graphs
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.fused_step: FusedStep | None = None  # built at the first update (after any checkpoint restore)
+        # Built at the first update (after any checkpoint restore): both bind the optimizer's state.
+        self.fused_step: FusedStep | None = None
+        self.compiled_step: CompiledStep | None = None
 
     def __call__(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if not self.graphs:
@@ -259,8 +276,14 @@ class Updater:
 
     def _eager_update(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if not self.settings.fused_update:
-            return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator)
+            return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator,
+                              self._compiled_step(buffer.device))
         return fused_ppo_update(self._fused_step(), self.optimizer, buffer, self.settings, generator)
+
+    def _compiled_step(self, device: torch.device) -> CompiledStep | None:
+        if self.compiled_step is None and compiles_whole_step(self.settings, device):
+            self.compiled_step = CompiledStep(self.agent, self.optimizer, self.settings, ppo_loss)
+        return self.compiled_step
 
     def _fused_step(self) -> FusedStep:
         if self.fused_step is None:

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from buffers import SampleTable
+from ppo.adam_state import ensure_adam_state
 from ppo.agent import Agent
 from ppo.config import PPOSettings
-from ppo.fused_update import FusedStep, ensure_adam_state, unsupported_reason
+from ppo.fused_update import FusedStep, unsupported_reason
 from ppo.normalize import ValueNormalizer
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
 from tests.rollouts import poisoned_like

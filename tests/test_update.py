@@ -1,5 +1,7 @@
 """The PPO loss: dummy samples (weight 0) change nothing, whatever they hold."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -217,6 +219,52 @@ def test_updater_without_graphs_is_ppo_update(normalize_values):
     for a, b in zip(params_a[-1] + stats_a, params_b[-1] + stats_b, strict=True):
         torch.testing.assert_close(a, b)
     assert not torch.equal(params_a[0][0], params_a[-1][0]), "the updates did not train"
+
+
+@pytest.mark.parametrize("target_kl, adaptive_lr_kl, normalize_values, norm_adv",
+                         [(None, None, True, "minibatch"), (1e-4, None, False, "batch"), (None, 1e-3, False, "off")])
+def test_the_compiled_whole_step_matches_the_plain_loop(target_kl, adaptive_lr_kl, normalize_values, norm_adv):
+    # On a CPU a compiled loss makes each minibatch step one compiled function (gradient, clipping and
+    # Adam written out): three updates of it must track the plain eager loop, with annealed or
+    # adaptive rates, value normalisation, a target-KL stop and every advantage normalisation.
+    from ppo.update import compiles_whole_step
+
+    settings = PPOSettings(num_minibatches=4, update_epochs=2, target_kl=target_kl, adaptive_lr_kl=adaptive_lr_kl,
+                           normalize_values=normalize_values, norm_adv=norm_adv, compile=True)
+    cpu = torch.device("cpu")
+    assert compiles_whole_step(settings, cpu) and not compiles_whole_step(settings, torch.device("cuda"))
+    compiled = run_updates(cpu, False, settings)
+    assert_same_updates(compiled, run_updates(cpu, False, dataclasses.replace(settings, compile=False)))
+    assert not torch.equal(compiled[0][0][0], compiled[0][2][0]), "the updates did not train"
+
+
+def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
+    # Tied parameters (the trunk appears once in parameters() but feeds both heads): the gradient
+    # through functional_call must reach it from both, as backward does.
+    from ppo.compiled_step import CompiledStep
+    from ppo.update import make_optimizer
+
+    settings = PPOSettings(compile=True)
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        agent = Agent(5, 2, hidden_sizes=(8, 8), shared_trunk=True)
+        optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
+        step = CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
+        for seed in range(3):
+            mb = random_minibatch(16, seed=seed)
+            if step is not None:
+                step(mb)
+            else:
+                loss, _ = ppo_loss(agent, mb, settings)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
+                optimizer.step()
+        results.append([p.detach().clone() for p in agent.parameters()]
+                       + [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
