@@ -134,15 +134,15 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     if workers.is_main:
         write_run_info(run_dir, settings, device, workers.world_size)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
-                                            ("compiled loss", compiled_loss)) if on]
+                                            ("compiled update", compiled_loss)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
         paths = " with " + " and ".join(fast_paths) if fast_paths else ""
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x "
               f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps; "
               f"run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
-            compile_time = (" (torch.compile takes ~25 s on the lent H200 host, ~16 s on a 2-core CPU)"
-                            if "compiled loss" in fast_paths else "")
+            compile_time = (" (torch.compile takes ~25 s on the lent H200 host, ~10-15 s on a 2-core CPU)"
+                            if "compiled update" in fast_paths else "")
             print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}",
                   flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
