@@ -57,6 +57,21 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     assert 0 < after["value_normalizer"]["count"] - before["value_normalizer"]["count"] <= 512
 
 
+def test_a_compiled_cpu_run_resumes_with_its_adam_state(tmp_path):
+    # ppo.compile=true on a CPU runs each minibatch step as one compiled function that advances
+    # Adam's own state: the checkpoint must carry it, and the resumed run must continue from it.
+    common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
+              "ppo.update_epochs=2", "device=cpu", "ppo.compile=true"]
+    first = run_train(*common, "total_timesteps=1024", f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr
+    assert "compiled update" in first.stdout
+    second = run_train(*common, "total_timesteps=2048", f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    assert second.returncode == 0, second.stderr
+    for run, updates in (("a", 4), ("b", 8)):  # 256 samples per update, 2 epochs x 4 minibatches each
+        state = torch.load(resolve_checkpoint(str(tmp_path / run)), weights_only=False)["optimizer"]["state"]
+        assert {float(s["step"]) for s in state.values()} == {8.0 * updates}
+
+
 def test_multirun_makes_one_dir_per_job(tmp_path):
     result = run_train("-m", "env=InvertedPendulum-v4", "seed=1,2", "env.num_envs=4", "ppo.num_steps=64",
                        "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=256", "device=cpu",
