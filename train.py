@@ -96,9 +96,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
-    # `ppo.compile=auto` decided once, for what is left of the run; the settings carry the answer.
-    compiled_loss = compiles(ppo, device, settings.total_timesteps - global_step) and not ppo.fused_update
-    ppo = dataclasses.replace(ppo, compile=compiled_loss)
+    compiled_loss = compiles(ppo, device) and not ppo.fused_update
     # On a GPU the compiled loss runs the actor and critic side by side (fewer kernels per step); on a
     # CPU that is slower, compiled or not (docs/benchmarks.md).
     side_by_side = compiled_loss and device.type == "cuda"

@@ -53,7 +53,7 @@ class PPOSettings:
     normalize_values: bool = False  # the critic learns returns in units of their running mean/std (rl_games)
     observation_clip: float = 10.0
     reward_clip: float = 10.0
-    compile: bool | str = "auto"  # torch.compile the loss and its backward; auto: CUDA, or long CPU runs (ppo.update)
+    compile: bool | str = "auto"  # torch.compile the update; auto: only on CUDA (see ppo.update.compiles)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
     # each minibatch step as one Triton kernel (ppo.fused_update; the default model, one CUDA device)
     fused_update: bool = False

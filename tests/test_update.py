@@ -296,49 +296,12 @@ def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     assert optimizer.param_groups[0]["lr"] is rate and abs(float(rate) - 2e-4) < 1e-9  # filled in place
 
 
-def test_compile_auto_means_cuda_and_long_cpu_runs(monkeypatch):
-    from ppo import update
-    from ppo.update import CPU_COMPILE_MIN_STEPS, compiles
+def test_compile_auto_means_cuda_only():
+    from ppo.update import compiles
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert compiles(PPOSettings(), cuda) and not compiles(PPOSettings(), cpu)
-    monkeypatch.setattr(update, "has_cxx_compiler", lambda: True)
-    assert compiles(PPOSettings(), cpu, CPU_COMPILE_MIN_STEPS) and not compiles(PPOSettings(), cpu, 150_000)
-    monkeypatch.setattr(update, "has_cxx_compiler", lambda: False)  # nothing to build the CPU code with
-    assert not compiles(PPOSettings(), cpu, 10 * CPU_COMPILE_MIN_STEPS)
-    assert compiles(PPOSettings(compile=True), cpu, 1)
-    assert not compiles(PPOSettings(compile=False), cuda, 10 * CPU_COMPILE_MIN_STEPS)
-
-
-def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
-    import sysconfig
-
-    from ppo.update import has_cxx_compiler
-
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CXX", raising=False)
-    assert not has_cxx_compiler()
-    compiler = tmp_path / "my-c++"
-    compiler.write_text("#!/bin/sh\n")
-    compiler.chmod(0o755)
-    monkeypatch.setenv("CXX", "my-c++")
-    assert has_cxx_compiler()  # (this machine has Python's headers: the CPU tests compile the loss)
-    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))  # a Python without its headers
-    assert not has_cxx_compiler()
-
-
-@pytest.mark.parametrize("capturable", [False, True])
-@pytest.mark.parametrize("kl, expected", [(0.05, 1e-3 / 1.5), (0.001, 1.5e-3), (0.01, 1e-3)])
-def test_adaptive_learning_rate_follows_the_kl(capturable, kl, expected):
-    # threshold 0.01: above 0.02 the rate drops by 1.5, below 0.005 it rises by 1.5, else it stays.
-    from ppo.update import adapt_learning_rate, current_learning_rate
-
-    agent = Agent(5, 2)
-    lr = torch.tensor(1e-3) if capturable else 1e-3
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, capturable=capturable)
-    adapt_learning_rate(optimizer, torch.tensor(kl), threshold=0.01)
-    assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor) == capturable
-    assert current_learning_rate(optimizer).item() == pytest.approx(expected, rel=1e-6)
+    assert compiles(PPOSettings(), torch.device("cuda")) and not compiles(PPOSettings(), torch.device("cpu"))
+    assert compiles(PPOSettings(compile=True), torch.device("cpu"))
+    assert not compiles(PPOSettings(compile=False), torch.device("cuda"))
 
 
 def test_adaptive_learning_rate_stays_within_rl_games_bounds():
