@@ -24,7 +24,8 @@ def bind_adam_state(optimizer: torch.optim.Adam, params: list[torch.Tensor],
     """`(exp_avg, exp_avg_sq, steps)` for `params`, in their order, after checking that the optimizer
     is plain Adam over exactly these parameters (`who` names the caller in errors). `steps` is one
     tensor holding every parameter's step count; their state now holds views of it, so advancing
-    `steps` advances them all. Call `ensure_adam_state` first."""
+    `steps` advances them all. State that does not exist yet is created first (`ensure_adam_state`)."""
+    ensure_adam_state(optimizer)
     (group,) = optimizer.param_groups
     if group["weight_decay"] or group["amsgrad"] or group["maximize"]:
         raise ValueError(f"{who} implements plain Adam (no weight decay, amsgrad or maximize)")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from buffers import Minibatch
-from ppo.adam_state import bind_adam_state, ensure_adam_state
+from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 
@@ -37,7 +37,6 @@ class CompiledStep:
     slow) and after any checkpoint restore: it binds the optimizer's state tensors."""
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, loss_fn):
-        ensure_adam_state(optimizer)
         names, self.params = zip(*agent.named_parameters(), strict=True)
         self.exp_avg, self.exp_avg_sq, self.steps = bind_adam_state(optimizer, list(self.params),
                                                                     "the compiled PPO step")

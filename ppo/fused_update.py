@@ -54,8 +54,8 @@ class FusedStep:
     Adam state from the rows `rows` (int64 `[B]`) of the sample table `table`, adds the step's
     diagnostics (`ppo.update.STAT_NAMES`) into `total` and writes them into `stats`.
 
-    Construct it after the optimizer has state (`ensure_adam_state`); it holds the addresses of the
-    parameters and of the optimizer's moments, so a captured CUDA graph can replay it.
+    It holds the addresses of the parameters and of the optimizer's moments (created here if the
+    optimizer has not stepped yet), so a captured CUDA graph can replay it.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings):

@@ -14,7 +14,6 @@ from torch import nn
 
 from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
-from ppo.adam_state import ensure_adam_state
 from ppo.agent import Agent
 from ppo.compiled_step import CompiledStep
 from ppo.config import PPOSettings
@@ -62,11 +61,10 @@ _compiled_loss = None
 
 
 def compiles(settings: PPOSettings, device: torch.device) -> bool:
-    """Whether the update is torch.compile'd. `auto` means on CUDA only: there it cut the replayed
-    update ~2.6x for a one-off ~25 s compile (docs/benchmarks.md). On a CPU, `true` compiles the
-    whole minibatch step (`compiles_whole_step`), 3.5x faster than eager, but it is not the default:
-    Ant-v4 at 1M steps scored 2639 over five seeds with it against 3191 over eleven eager ones
-    (t = -1.6, docs/benchmarks.md), a gap not understood yet; it also needs a C++ compiler."""
+    """Whether the update is torch.compile'd. `auto` means on CUDA only. On a CPU, `true` compiles the
+    whole minibatch step (`compiles_whole_step`; it needs a C++ compiler): much faster, but Ant-v4
+    learned worse with it than eager, a gap not understood yet, so it is not the default. The
+    numbers on both devices are in docs/benchmarks.md."""
     return device.type == "cuda" if settings.compile == "auto" else bool(settings.compile)
 
 
@@ -265,7 +263,6 @@ class Updater:
 
     def _fused_step(self) -> FusedStep:
         if self.fused_step is None:
-            ensure_adam_state(self.optimizer)
             self.fused_step = FusedStep(self.agent, self.optimizer, self.settings)
         return self.fused_step
 

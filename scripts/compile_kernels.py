@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from buffers import SampleTable  # noqa: E402
 from kernels.ppo_step import ppo_minibatch_step_kernel  # noqa: E402
 from ppo import fused_update  # noqa: E402
-from ppo.adam_state import ensure_adam_state  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
 from ppo.update import STAT_NAMES, make_optimizer  # noqa: E402
@@ -72,7 +71,6 @@ def fused_step_launch(obs_dim: int, act_dim: int, hidden: tuple[int, int], batch
     cpu = torch.device("cpu")
     agent = Agent(obs_dim, act_dim, hidden)
     optimizer = make_optimizer(agent, settings, cpu, graphs=False)
-    ensure_adam_state(optimizer)
     step = fused_update.FusedStep(agent, optimizer, settings)
     table = SampleTable(batch, obs_dim, act_dim, cpu).data
     rows = torch.arange(batch)

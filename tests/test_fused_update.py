@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from buffers import SampleTable
-from ppo.adam_state import ensure_adam_state
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 from ppo.fused_update import FusedStep, unsupported_reason
@@ -78,8 +77,7 @@ def test_fused_steps_match_the_plain_steps(obs_dim, act_dim, hidden, batch, sett
     reference = copy.deepcopy(agent)
     optimizer = make_optimizer(agent, settings, DEVICE, graphs=False)
     reference_optimizer = make_optimizer(reference, settings, DEVICE, graphs=False)
-    ensure_adam_state(optimizer)
-    step = FusedStep(agent, optimizer, settings)
+    step = FusedStep(agent, optimizer, settings)  # creates Adam's state on the optimizer
     total = torch.zeros(len(STAT_NAMES), device=DEVICE)
     reference_total = torch.zeros(len(STAT_NAMES))
     order = torch.randperm(3 * batch, generator=torch.Generator().manual_seed(2)).view(3, batch).to(DEVICE)
@@ -109,7 +107,6 @@ def test_dummy_samples_change_nothing_whatever_they_hold():
     for garbage in (0.0, 1e6):
         copy_agent = copy.deepcopy(agent)
         optimizer = make_optimizer(copy_agent, settings, DEVICE, graphs=False)
-        ensure_adam_state(optimizer)
         data = table.data.clone()
         data[dummies, :-1] = garbage  # every field but the weight
         stats = torch.zeros(len(STAT_NAMES), device=DEVICE)

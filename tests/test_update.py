@@ -329,12 +329,11 @@ def test_adaptive_rate_moves_in_the_eager_update():
 
 def test_adam_state_binding_checks_the_optimizer_and_shares_one_step_count():
     # The fused and compiled steps take Adam's step themselves on the optimizer's own tensors.
-    from ppo.adam_state import bind_adam_state, ensure_adam_state
+    from ppo.adam_state import bind_adam_state
 
     agent = Agent(5, 2)
     params = list(agent.parameters())
-    optimizer = torch.optim.Adam(params, lr=1e-3)
-    ensure_adam_state(optimizer)
+    optimizer = torch.optim.Adam(params, lr=1e-3)  # never stepped: binding creates Adam's state
     exp_avg, exp_avg_sq, steps = bind_adam_state(optimizer, params, "this step")
     assert [t.shape for t in exp_avg] == [p.shape for p in params] and steps.shape == (len(params),)
     steps.add_(3)
@@ -342,7 +341,6 @@ def test_adam_state_binding_checks_the_optimizer_and_shares_one_step_count():
     with pytest.raises(ValueError, match="this step: the optimizer's parameters are not exactly the agent's"):
         bind_adam_state(optimizer, params[:-1], "this step")
     decaying = torch.optim.Adam(params, lr=1e-3, weight_decay=0.1)
-    ensure_adam_state(decaying)
     with pytest.raises(ValueError, match="plain Adam"):
         bind_adam_state(decaying, params, "this step")
     optimizer.state[params[0]]["step"] = torch.tensor(7.0)
