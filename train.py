@@ -36,7 +36,7 @@ from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
-from ppo.fused_update import unsupported_reason
+from ppo.fused_update import fuses
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
@@ -96,17 +96,16 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer).to(device)
+    minibatch_size = settings.batch_size // ppo.num_minibatches
+    ppo = dataclasses.replace(ppo, fused_update=fuses(ppo, agent, device, workers.world_size, minibatch_size))
     compiled_loss = compiles(ppo, device) and not ppo.fused_update
     # On a GPU the compiled loss runs the actor and critic side by side (fewer kernels per step); on a
     # CPU that is slower, compiled or not (docs/benchmarks.md).
-    side_by_side = compiled_loss and device.type == "cuda"
-    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer, side_by_side).to(device)
+    agent.set_side_by_side(compiled_loss and device.type == "cuda")
     # CUDA graphs for collection and update on one GPU (a torchrun group keeps the eager loops:
     # its all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
-    minibatch_size = settings.batch_size // ppo.num_minibatches
-    if ppo.fused_update and (reason := unsupported_reason(agent, ppo, device, workers.world_size, minibatch_size)):
-        raise ConfigError(f"ppo.fused_update=true cannot run this configuration: {reason}")
     optimizer = make_optimizer(agent, ppo, device, graphs)
     updater = Updater(agent, optimizer, ppo, graphs)
     obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)

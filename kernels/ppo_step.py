@@ -3,12 +3,13 @@ the actor and critic MLPs forward, the clipped-surrogate and value losses, their
 hand, global-norm gradient clipping and Adam, in a single program.
 
 Why: CleanRL's schedule takes 320 optimiser steps on 64-sample minibatches per 2,048 samples. Each
-step is tiny (~5 MFLOP), so its cost is the count of kernels it launches: ~50 even after
-torch.compile and CUDA graphs, ~32 ms per update on an H200 (docs/benchmarks.md), where issue 4
-needs ~15 ms. One program per step holds every activation in registers; the GPU is mostly idle
-either way, so a step's latency, not its throughput, is what counts. Measured on an H200 it lost:
-166 us per step at 16 warps against the compiled path's ~103 us (docs/benchmarks.md), because one
-SM runs every dependent matrix product alone; so `ppo.fused_update` stays off by default.
+step is tiny (~5 MFLOP), so its cost is the count of kernels it launches: ~46 even after
+torch.compile and CUDA graphs, ~26 ms of device time per update on an H200 (docs/benchmarks.md),
+where issue 4 needs ~15 ms. One program per step holds every activation in registers; the GPU is
+mostly idle either way, so a step's latency, not its throughput, is what counts. One SM runs every
+dependent matrix product alone, so their speed decides: with fp32 FMAs (`ieee`) a step takes ~129
+us against the compiled path's ~81; with TF32 tensor-core products (`tf32`) ~39, 16 ms of device
+time per update. `ppo.fused_update` is still opt-in: see ppo/fused_update.py.
 
 Scope: the default model only (`ppo.fused_update.supports` says exactly which): separate actor
 and critic MLPs with two tanh hidden layers, a state-independent log-std, Adam without weight
@@ -44,9 +45,11 @@ def _offsets_t(n_in, n_out, IN_P: tl.constexpr, OUT_P: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b):
-    # fp32 throughout: TF32 would round the inputs to 10 bits and part from torch's update.
-    return tl.dot(a, b, input_precision="ieee")
+def _dot(a, b, PRECISION: tl.constexpr):
+    # "tf32": tensor cores, the inputs read to 10 mantissa bits (~1e-3 relative error per product, as
+    # JAX's default float32 matmul on these GPUs); 3.6x faster per step on an H200 than "ieee", fp32
+    # FMAs as torch's default matmul (docs/benchmarks.md).
+    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -81,7 +84,7 @@ def ppo_minibatch_step_kernel(
     clip_coef, vf_coef, ent_coef, max_grad_norm, beta1, beta2, eps,
     OBS: tl.constexpr, ACT: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
     BLOCK_B: tl.constexpr, OBS_P: tl.constexpr, ACT_P: tl.constexpr, H1_P: tl.constexpr, H2_P: tl.constexpr,
-    CLIP_VLOSS: tl.constexpr, NORM_ADV: tl.constexpr, STEPS_P: tl.constexpr,
+    CLIP_VLOSS: tl.constexpr, NORM_ADV: tl.constexpr, STEPS_P: tl.constexpr, DOT: tl.constexpr,
 ):
     # ---- the minibatch: `batch` rows of the sample table, named by `order_ptr`
     rows = tl.arange(0, BLOCK_B)
@@ -107,9 +110,9 @@ def ppo_minibatch_step_kernel(
     a_w1 = tl.load(aw1 + off_w1, mask=mask_w1, other=0.0)
     a_w2 = tl.load(aw2 + off_w2, mask=mask_w2, other=0.0)
     a_w3 = tl.load(aw3 + off_aw3, mask=mask_aw3, other=0.0)
-    a_h1 = _tanh(_dot(x, a_w1) + tl.load(ab1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
-    a_h2 = _tanh(_dot(a_h1, a_w2) + tl.load(ab2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
-    mean = _dot(a_h2, a_w3) + tl.load(ab3 + act_cols, mask=is_act, other=0.0)[None, :]
+    a_h1 = _tanh(_dot(x, a_w1, DOT) + tl.load(ab1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
+    a_h2 = _tanh(_dot(a_h1, a_w2, DOT) + tl.load(ab2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
+    mean = _dot(a_h2, a_w3, DOT) + tl.load(ab3 + act_cols, mask=is_act, other=0.0)[None, :]
     log_std = tl.load(als + act_cols, mask=is_act, other=0.0)
     z = tl.where(is_act[None, :], (action - mean) * tl.exp(-log_std)[None, :], 0.0)
     log_prob = tl.sum(tl.where(is_act[None, :], -0.5 * z * z - log_std[None, :] - LOG_SQRT_2PI, 0.0), axis=1)
@@ -118,8 +121,8 @@ def ppo_minibatch_step_kernel(
     c_w1 = tl.load(cw1 + off_w1, mask=mask_w1, other=0.0)
     c_w2 = tl.load(cw2 + off_w2, mask=mask_w2, other=0.0)
     c_w3 = tl.load(cw3 + h2_cols, mask=h2_cols < H2, other=0.0)
-    c_h1 = _tanh(_dot(x, c_w1) + tl.load(cb1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
-    c_h2 = _tanh(_dot(c_h1, c_w2) + tl.load(cb2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
+    c_h1 = _tanh(_dot(x, c_w1, DOT) + tl.load(cb1 + h1_cols, mask=h1_cols < H1, other=0.0)[None, :])
+    c_h2 = _tanh(_dot(c_h1, c_w2, DOT) + tl.load(cb2 + h2_cols, mask=h2_cols < H2, other=0.0)[None, :])
     value = tl.sum(c_h2 * c_w3[None, :], axis=1) + tl.load(cb3)
 
     # ---- losses (weighted means over valid samples, as ppo_loss)
@@ -162,22 +165,22 @@ def ppo_minibatch_step_kernel(
     d_mean = d_log_prob[:, None] * z * tl.exp(-log_std)[None, :]  # 0 off the action columns, where z is
     g_als = tl.sum(d_log_prob[:, None] * (z * z - 1.0), axis=0) - ent_coef * weight_sum / total_weight
     g_als = tl.where(is_act, g_als, 0.0)
-    g_aw3 = _dot(tl.trans(a_h2), d_mean)
+    g_aw3 = _dot(tl.trans(a_h2), d_mean, DOT)
     g_ab3 = tl.sum(d_mean, axis=0)
-    d_pre2 = _dot(d_mean, tl.trans(a_w3)) * (1.0 - a_h2 * a_h2)
-    g_aw2 = _dot(tl.trans(a_h1), d_pre2)
+    d_pre2 = _dot(d_mean, tl.trans(a_w3), DOT) * (1.0 - a_h2 * a_h2)
+    g_aw2 = _dot(tl.trans(a_h1), d_pre2, DOT)
     g_ab2 = tl.sum(d_pre2, axis=0)
-    d_pre1 = _dot(d_pre2, tl.trans(a_w2)) * (1.0 - a_h1 * a_h1)
-    g_aw1 = _dot(tl.trans(x), d_pre1)
+    d_pre1 = _dot(d_pre2, tl.trans(a_w2), DOT) * (1.0 - a_h1 * a_h1)
+    g_aw1 = _dot(tl.trans(x), d_pre1, DOT)
     g_ab1 = tl.sum(d_pre1, axis=0)
     # critic
     g_cw3 = tl.sum(d_value[:, None] * c_h2, axis=0)
     g_cb3 = tl.sum(d_value, axis=0)
     d_pre2 = d_value[:, None] * c_w3[None, :] * (1.0 - c_h2 * c_h2)
-    g_cw2 = _dot(tl.trans(c_h1), d_pre2)
+    g_cw2 = _dot(tl.trans(c_h1), d_pre2, DOT)
     g_cb2 = tl.sum(d_pre2, axis=0)
-    d_pre1 = _dot(d_pre2, tl.trans(c_w2)) * (1.0 - c_h1 * c_h1)
-    g_cw1 = _dot(tl.trans(x), d_pre1)
+    d_pre1 = _dot(d_pre2, tl.trans(c_w2), DOT) * (1.0 - c_h1 * c_h1)
+    g_cw1 = _dot(tl.trans(x), d_pre1, DOT)
     g_cb1 = tl.sum(d_pre1, axis=0)
 
     # ---- clip_grad_norm_ (padding entries are exact zeros, so they add nothing)

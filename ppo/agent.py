@@ -51,8 +51,7 @@ class Agent(nn.Module):
                  shared_trunk: bool = False, side_by_side: bool = False):
         super().__init__()
         self.value_normalizer = value_normalizer  # its statistics travel in checkpoints separately
-        # Only separate networks with hidden layers have two bodies to run side by side.
-        self.side_by_side = side_by_side and not shared_trunk and len(hidden_sizes) > 0
+        self.num_hidden = len(hidden_sizes)
         if shared_trunk:
             # `critic` and `actor_mean` stay callable networks (trunk, head); the trunk's parameters
             # appear once in parameters(), and get_action_and_value runs it once.
@@ -65,6 +64,12 @@ class Agent(nn.Module):
             self.critic = _mlp(obs_dim, hidden_sizes, 1, 1.0, activation)
             self.actor_mean = _mlp(obs_dim, hidden_sizes, act_dim, 0.01, activation)
         self.actor_log_std = nn.Parameter(torch.full((1, act_dim), float(init_log_std)))
+        self.set_side_by_side(side_by_side)
+
+    def set_side_by_side(self, on: bool) -> None:
+        """Run the two networks as one (`_side_by_side`) from now on, or not. Only separate networks
+        with hidden layers have two bodies to run side by side; for others this is a no-op."""
+        self.side_by_side = on and self.trunk is None and self.num_hidden > 0
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self._value(self.critic(obs))

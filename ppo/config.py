@@ -55,8 +55,12 @@ class PPOSettings:
     reward_clip: float = 10.0
     compile: bool | str = "auto"  # torch.compile the update; auto: only on CUDA (see ppo.update.compiles)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
-    # each minibatch step as one Triton kernel (ppo.fused_update; the default model, one CUDA device)
-    fused_update: bool = False
+    # each minibatch step as one Triton kernel (ppo.fused_update): true (an error where it cannot run),
+    # auto (on one CUDA device wherever the model allows it; see ppo.fused_update.fuses) or false
+    fused_update: bool | str = False
+    # the fused step's matrix products: tf32 (tensor cores, the inputs read to 10 mantissa bits, as
+    # JAX's default float32 matmul on these GPUs) or ieee (fp32 FMAs, as torch's default; 3.6x slower)
+    fused_precision: str = "tf32"
 
     def __post_init__(self):
         # Here, not in the config parser, so that settings built in code mean the same: a bool that
@@ -67,6 +71,10 @@ class PPOSettings:
         if norm_adv not in NORM_ADV_CHOICES:
             raise ConfigError(f"`ppo.norm_adv` must be one of {', '.join(NORM_ADV_CHOICES)}, got {norm_adv!r}")
         object.__setattr__(self, "norm_adv", norm_adv)
+        if self.fused_update not in (True, False, "auto"):
+            raise ConfigError(f"`ppo.fused_update` must be auto, true or false, got {self.fused_update!r}")
+        if self.fused_precision not in ("tf32", "ieee"):
+            raise ConfigError(f"`ppo.fused_precision` must be tf32 or ieee, got {self.fused_precision!r}")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ppo import distributed
 from ppo.agent import Agent
 from ppo.compiled_step import CompiledStep
 from ppo.config import PPOSettings
-from ppo.fused_update import FusedStep
+from ppo.fused_update import FusedStep, fuses
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "old_approx_kl")
 
@@ -242,6 +242,14 @@ class Updater:
         # Built at the first update (after any checkpoint restore): both bind the optimizer's state.
         self.fused_step: FusedStep | None = None
         self.compiled_step: CompiledStep | None = None
+        self.fused: bool | None = None  # ppo.fused_update resolved (`fuses`) at the first update
+
+    def _fuses(self, buffer: RolloutBuffer) -> bool:
+        if self.fused is None:
+            world_size = torch.distributed.get_world_size() if distributed.active() else 1
+            minibatch_size = buffer.num_steps * buffer.num_envs // self.settings.num_minibatches
+            self.fused = fuses(self.settings, self.agent, buffer.device, world_size, minibatch_size)
+        return self.fused
 
     def __call__(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
         if not self.graphs:
@@ -251,7 +259,7 @@ class Updater:
         return self._replay(buffer, generator)
 
     def _eager_update(self, buffer: RolloutBuffer, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        if not self.settings.fused_update:
+        if not self._fuses(buffer):
             return ppo_update(self.agent, self.optimizer, buffer, self.settings, generator,
                               self._compiled_step(buffer.device))
         return fused_ppo_update(self._fused_step(), self.optimizer, buffer, self.settings, generator)
@@ -286,7 +294,7 @@ class Updater:
         self.total = torch.zeros(len(STAT_NAMES), device=device)
         self.last_stats = torch.zeros(len(STAT_NAMES), device=device)
         self.graph = torch.cuda.CUDAGraph()
-        if settings.fused_update:
+        if self.fused:
             with torch.cuda.graph(self.graph):
                 fused_epoch(self.fused_step, self.optimizer, table, self.order, self.total, self.last_stats, settings)
             return result

@@ -1,8 +1,8 @@
 """Compile the fused PPO step's Triton kernel for a CUDA GPU on a machine without one, and print
 its registers and stack (spills) per thread.
 
-    python scripts/compile_kernels.py                    # sm_90 (H100/H200), the default Ant-v4 step
-    python scripts/compile_kernels.py --arch 80 --num-warps 8
+    python scripts/compile_kernels.py                    # sm_90 (H100/H200), both ppo.fused_precision values
+    python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
@@ -15,6 +15,7 @@ compiler); this script clears it before importing triton.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -94,18 +95,24 @@ def resource_usage(cubin: bytes) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    parser.add_argument("--num-warps", type=int, default=fused_update.NUM_WARPS)
+    parser.add_argument("--num-warps", type=int, default=None, help="default: ppo.fused_update.NUM_WARPS per precision")
+    parser.add_argument("--precisions", nargs="+", choices=sorted(fused_update.NUM_WARPS),
+                        default=sorted(fused_update.NUM_WARPS), help="ppo.fused_precision values to compile")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
     args = parser.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
-    for name in args.configs:
-        launch_args, constants = fused_step_launch(*CONFIGS[name])
-        types, positions = signature(ppo_minibatch_step_kernel, launch_args, constants)
-        start = time.perf_counter()
-        compiled = triton.compile(ASTSource(ppo_minibatch_step_kernel, types, positions), target=target,
-                                  options={"num_warps": args.num_warps})
-        print(f"ppo_minibatch_step_kernel [{name}] sm_{args.arch}, {args.num_warps} warps: compiled in "
-              f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes")
+    for precision in args.precisions:
+        num_warps = args.num_warps or fused_update.NUM_WARPS[precision]
+        for name in args.configs:
+            obs_dim, act_dim, hidden, batch, settings = CONFIGS[name]
+            settings = dataclasses.replace(settings, fused_precision=precision)
+            launch_args, constants = fused_step_launch(obs_dim, act_dim, hidden, batch, settings)
+            types, positions = signature(ppo_minibatch_step_kernel, launch_args, constants)
+            start = time.perf_counter()
+            compiled = triton.compile(ASTSource(ppo_minibatch_step_kernel, types, positions), target=target,
+                                      options={"num_warps": num_warps})
+            print(f"ppo_minibatch_step_kernel [{name}, {precision}] sm_{args.arch}, {num_warps} warps: compiled in "
+                  f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes")
 
 
 if __name__ == "__main__":

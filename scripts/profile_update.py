@@ -29,16 +29,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--fused", action="store_true", help="ppo.fused_update: one Triton kernel per minibatch step")
+    parser.add_argument("--precision", choices=sorted(fused_update.NUM_WARPS), default="tf32",
+                        help="with --fused: ppo.fused_precision")
     parser.add_argument("--num-warps", type=int, default=None,
-                        help="with --fused: warps per program (default: ppo.fused_update.NUM_WARPS)")
+                        help="with --fused: warps per program (default: ppo.fused_update.NUM_WARPS[precision])")
     parser.add_argument("--obs-dim", type=int, default=27)
     parser.add_argument("--act-dim", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")
     args = parser.parse_args()
     device = torch.device("cuda")
     if args.num_warps is not None:
-        fused_update.NUM_WARPS = args.num_warps
-    settings = PPOSettings(compile=args.compile, fused_update=args.fused)
+        fused_update.NUM_WARPS[args.precision] = args.num_warps
+    settings = PPOSettings(compile=args.compile, fused_update=args.fused, fused_precision=args.precision)
     agent = Agent(args.obs_dim, args.act_dim, side_by_side=args.compile and not args.fused).to(device)  # as train.py
     buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
     for name in ("observations", "actions", "values", "advantages", "returns"):
@@ -55,8 +57,8 @@ def main() -> None:
     end.record()
     end.synchronize()
     steps = settings.update_epochs * settings.num_minibatches
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, "
-          f"fused={args.fused} (num_warps {fused_update.NUM_WARPS}): one replayed "
+    fused = f"fused ({args.precision}, {fused_update.NUM_WARPS[args.precision]} warps)" if args.fused else "not fused"
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, compile={args.compile}, {fused}: one replayed "
           f"update = {steps} minibatch steps, {start.elapsed_time(end):.1f} ms wall")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         updater(buffer, generator)
