@@ -47,7 +47,7 @@ def _offsets_t(n_in, n_out, IN_P: tl.constexpr, OUT_P: tl.constexpr):
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
     # "tf32": tensor cores, the inputs read to 10 mantissa bits (~1e-3 relative error per product, as
-    # JAX's default float32 matmul on these GPUs); 3.6x faster per step on an H200 than "ieee", fp32
+    # JAX's default float32 matmul on these GPUs); 3.3x faster per step on an H200 than "ieee", fp32
     # FMAs as torch's default matmul (docs/benchmarks.md).
     return tl.dot(a, b, input_precision=PRECISION)
 

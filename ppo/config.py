@@ -59,7 +59,7 @@ class PPOSettings:
     # auto (on one CUDA device wherever the model allows it; see ppo.fused_update.fuses) or false
     fused_update: bool | str = False
     # the fused step's matrix products: tf32 (tensor cores, the inputs read to 10 mantissa bits, as
-    # JAX's default float32 matmul on these GPUs) or ieee (fp32 FMAs, as torch's default; 3.6x slower)
+    # JAX's default float32 matmul on these GPUs) or ieee (fp32 FMAs, as torch's default; 3.3x slower)
     fused_precision: str = "tf32"
 
     def __post_init__(self):
