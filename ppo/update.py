@@ -63,8 +63,8 @@ _compiled_loss = None
 def compiles(settings: PPOSettings, device: torch.device) -> bool:
     """Whether the update is torch.compile'd. `auto` means on CUDA only. On a CPU, `true` compiles the
     whole minibatch step (`compiles_whole_step`; it needs a C++ compiler): much faster, but Ant-v4
-    scored lower with it than eager (within seed noise so far), so it is not the default yet. The
-    numbers on both devices are in docs/benchmarks.md."""
+    scored lower with it than eager over all runs (not when both ran side by side), so it is not
+    the default yet. The numbers on both devices are in docs/benchmarks.md."""
     return device.type == "cuda" if settings.compile == "auto" else bool(settings.compile)
 
 
