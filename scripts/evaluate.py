@@ -24,18 +24,15 @@ from ppo.envs import check_env_id, make_envs  # noqa: E402
 from ppo.normalize import ObservationNormalizer  # noqa: E402
 
 
-@torch.no_grad()
-def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: int = 12345,
-             num_envs: int | None = None, backend: str | None = None) -> list[float]:
-    """`backend` (envpool or gymnasium) replays the policy on another simulator than it trained on:
-    the same task's scores differ between simulator builds (docs/results.md), and this asks whether
-    the policy or the simulator makes the difference."""
+def load_policy(checkpoint_path: str, device: torch.device, seed: int, **env_overrides):
+    """`(envs, agent, normalizer)` of a run's checkpoint: its task's envs (`env_overrides` replace
+    `env.*` settings, e.g. `num_envs`, `backend`), its agent, and its observation normaliser, frozen:
+    replaying a policy must not move the statistics it was trained with."""
     checkpoint = load_checkpoint(resolve_checkpoint(checkpoint_path), device)
     saved = checkpoint["settings"]
     saved["resume"] = None
     settings = settings_from_dict(saved)
-    overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
-    env_settings = dataclasses.replace(settings.env, **overrides)
+    env_settings = dataclasses.replace(settings.env, **env_overrides)
     check_env_id(env_settings)
     envs = make_envs(env_settings, device, seed)
     agent = make_agent(envs.obs_dim, envs.act_dim, settings.model).to(device)
@@ -43,7 +40,18 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     normalizer = ObservationNormalizer(envs.obs_dim, device, settings.ppo.observation_clip,
                                        settings.ppo.normalize_observations)
     normalizer.load_state_dict(checkpoint["obs_normalizer"])
-    normalizer.frozen = True  # evaluation must not move the statistics the policy was trained with
+    normalizer.frozen = True
+    return envs, agent, normalizer
+
+
+@torch.no_grad()
+def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: int = 12345,
+             num_envs: int | None = None, backend: str | None = None) -> list[float]:
+    """`backend` (envpool or gymnasium) replays the policy on another simulator than it trained on:
+    the same task's scores differ between simulator builds (docs/results.md), and this asks whether
+    the policy or the simulator makes the difference."""
+    overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
+    envs, agent, normalizer = load_policy(checkpoint_path, device, seed, **overrides)
     returns: list[float] = []
     running = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
     dummy = torch.zeros(envs.num_envs, dtype=torch.bool, device=device)

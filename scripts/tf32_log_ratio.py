@@ -14,19 +14,14 @@ log-ratio's size, the share of samples past the clip range and the approximate K
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ppo.agent import make_agent  # noqa: E402
-from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
-from ppo.config import settings_from_dict  # noqa: E402
-from ppo.envs import make_envs  # noqa: E402
-from ppo.normalize import ObservationNormalizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evaluate import load_policy  # noqa: E402
 
 LOW_BITS = 0x1FFF  # the 13 mantissa bits fp32 has and TF32 drops
 
@@ -48,18 +43,7 @@ def tf32_linear(rounded: bool):
 
 @torch.no_grad()
 def measure(path: str, clip: float, seed: int) -> str:
-    cpu = torch.device("cpu")
-    checkpoint = load_checkpoint(resolve_checkpoint(path), cpu)
-    saved = checkpoint["settings"]
-    saved["resume"] = None
-    settings = settings_from_dict(saved)
-    envs = make_envs(dataclasses.replace(settings.env, num_envs=64, groups=1), cpu, seed)
-    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model)
-    agent.load_state_dict(checkpoint["agent"])
-    normalizer = ObservationNormalizer(envs.obs_dim, cpu, settings.ppo.observation_clip,
-                                       settings.ppo.normalize_observations)
-    normalizer.load_state_dict(checkpoint["obs_normalizer"])
-    normalizer.frozen = True
+    envs, agent, normalizer = load_policy(path, torch.device("cpu"), seed, num_envs=64, groups=1)
     observations, actions = [], []
     obs = normalizer(envs.reset(seed))
     for _ in range(32):
@@ -71,7 +55,7 @@ def measure(path: str, clip: float, seed: int) -> str:
     envs.close()
     observations, actions = torch.cat(observations), torch.cat(actions)
     _, fp32_log_prob, _, _ = agent.get_action_and_value(observations, actions)
-    line = [f"{settings.env.id}: policy std {agent.actor_log_std.exp().mean():.3f}"]
+    line = [f"{path}: policy std {agent.actor_log_std.exp().mean():.3f}"]
     fp32_linear = F.linear
     for rounded in (False, True):
         F.linear = tf32_linear(rounded)  # nn.Linear looks it up at each call
