@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -52,21 +53,36 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     the policy or the simulator makes the difference."""
     overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
     envs, agent, normalizer = load_policy(checkpoint_path, device, seed, **overrides)
-    returns: list[float] = []
+    # The same number of episodes from every env, taken in env order: the first episodes to end are
+    # the short ones (falls), so keeping whichever ended first would bias the mean low.
+    per_env = math.ceil(episodes / envs.num_envs)
+    returns: list[list[float]] = [[] for _ in range(envs.num_envs)]
     running = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
     dummy = torch.zeros(envs.num_envs, dtype=torch.bool, device=device)
     obs = normalizer(envs.reset(seed))
-    while len(returns) < episodes:
+    while min(len(r) for r in returns) < per_env:
         action = agent.act_deterministic(obs).clamp(envs.action_low, envs.action_high)
         raw_obs, reward, terminated, truncated = envs.step(action)
         done = (terminated | truncated) & ~dummy  # the step after an episode is autoreset's dummy
         running += torch.where(dummy, 0.0, reward.double())
-        returns += running[done].tolist()
+        for env in done.nonzero().flatten().tolist():
+            returns[env].append(float(running[env]))
         running[done] = 0.0
         dummy = done
         obs = normalizer(raw_obs)
     envs.close()
-    return returns[:episodes]
+    return take_evenly(returns, episodes)
+
+
+def take_evenly(per_env: list[list[float]], count: int) -> list[float]:
+    """`count` returns, round by round over the envs (each env's first episode, then each env's
+    second, ...), so that no env's long or short episodes crowd out the others'."""
+    needed = math.ceil(count / len(per_env))
+    if any(len(r) < needed for r in per_env):
+        raise ValueError(f"{count} episodes over {len(per_env)} envs need {needed} from each, got "
+                         f"{[len(r) for r in per_env]}")
+    rounds = zip(*(r[:needed] for r in per_env), strict=True)
+    return [value for one_round in rounds for value in one_round][:count]
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,3 +29,14 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
     other = evaluate(str(tmp_path), episodes=6, device=torch.device("cpu"), num_envs=2, backend="gymnasium")
     assert len(other) == 6 and all(r >= 1 and float(r).is_integer() for r in other)
     assert other != first
+
+
+def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
+    from evaluate import take_evenly
+
+    # env 0 fell three times before env 1 and env 2 ended once: the first three to end would all be env 0's
+    per_env = [[5.0, 6.0, 7.0], [900.0, 901.0], [800.0]]
+    assert take_evenly(per_env, 3) == [5.0, 900.0, 800.0]
+    assert take_evenly([[1.0, 2.0], [3.0, 4.0]], 3) == [1.0, 3.0, 2.0]
+    with pytest.raises(ValueError, match="need 2 from each"):
+        take_evenly(per_env, 4)
