@@ -25,6 +25,7 @@ class EnvSettings:
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
+FUSED_PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class PPOSettings:
     # auto (on one CUDA device wherever the model allows it; see ppo.fused_update.fuses) or false
     fused_update: bool | str = False
     # the fused step's matrix products: tf32 (tensor cores, the inputs read to 10 mantissa bits, as
-    # JAX's default float32 matmul on these GPUs) or ieee (fp32 FMAs, as torch's default; 3.3x slower)
+    # JAX's default float32 matmul on these GPUs), tf32x3 (three tensor-core products of split inputs,
+    # fp32-like) or ieee (fp32 FMAs, as torch's default; 3.3x slower than tf32)
     fused_precision: str = "tf32"
 
     def __post_init__(self):
@@ -73,8 +75,9 @@ class PPOSettings:
         object.__setattr__(self, "norm_adv", norm_adv)
         if self.fused_update not in (True, False, "auto"):
             raise ConfigError(f"`ppo.fused_update` must be auto, true or false, got {self.fused_update!r}")
-        if self.fused_precision not in ("tf32", "ieee"):
-            raise ConfigError(f"`ppo.fused_precision` must be tf32 or ieee, got {self.fused_precision!r}")
+        if self.fused_precision not in FUSED_PRECISIONS:
+            raise ConfigError(f"`ppo.fused_precision` must be one of {', '.join(FUSED_PRECISIONS)}, "
+                              f"got {self.fused_precision!r}")
 
 
 @dataclass(frozen=True)

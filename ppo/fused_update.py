@@ -26,7 +26,7 @@ from ppo.config import ConfigError, PPOSettings
 # step): tf32 39 at 4 warps, 36 at 8, 58 at 16; ieee 129 at 16, 310 at 8, 292 at 32 (with fp32 FMAs
 # fewer warps spill the many live [64, 64] tiles to local memory). TF32 keeps 4 warps: at 8 one test
 # shape (hidden 32 and 48, 37 samples) gave a value loss 39% off there, which 4 warps did not.
-NUM_WARPS = {"tf32": 4, "ieee": 16}
+NUM_WARPS = {"tf32": 4, "tf32x3": 4, "ieee": 16}
 # One program holds a whole minibatch's activations in registers: CleanRL's 64-sample minibatches
 # fit easily; thousands of samples would not (an update of that shape is cheap anyway).
 MAX_MINIBATCH = 256
@@ -91,8 +91,10 @@ class FusedStep:
         self.lr = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
         self.betas, self.eps = group["betas"], group["eps"]
         self.settings = settings
-        # Triton's interpreter (the CPU tests) has only fp32 products, which is what "ieee" asks for.
-        self.precision = "ieee" if _interpreted() else settings.fused_precision
+        # Triton's interpreter (the CPU tests) has only fp32 products, which is what "ieee" asks for;
+        # "tf32x3" runs as itself there (its split is bit arithmetic, its products fp32).
+        interpreted_tf32 = _interpreted() and settings.fused_precision == "tf32"
+        self.precision = "ieee" if interpreted_tf32 else settings.fused_precision
         self.obs_dim, self.act_dim = actor[0].in_features, actor[4].out_features
         self.hidden = (actor[0].out_features, actor[2].out_features)
         if (critic[0].out_features, critic[2].out_features) != self.hidden:
