@@ -58,11 +58,11 @@ class PPOSettings:
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
     # each minibatch step as one Triton kernel (ppo.fused_update): true (an error where it cannot run),
     # auto (on one CUDA device wherever the model allows it; see ppo.fused_update.fuses) or false
-    fused_update: bool | str = False
-    # the fused step's matrix products: tf32 (tensor cores, the inputs read to 10 mantissa bits, as
-    # JAX's default float32 matmul on these GPUs), tf32x3 (three tensor-core products of split inputs,
-    # fp32-like) or ieee (fp32 FMAs, as torch's default; 3.3x slower than tf32)
-    fused_precision: str = "tf32"
+    fused_update: bool | str = "auto"
+    # the fused step's matrix products: tf32x3 (three tensor-core products of split inputs: fp32-like),
+    # tf32 (one: the inputs read to 10 mantissa bits, as JAX's default float32 matmul on these GPUs)
+    # or ieee (fp32 FMAs, as torch's default)
+    fused_precision: str = "tf32x3"
 
     def __post_init__(self):
         # Here, not in the config parser, so that settings built in code mean the same: a bool that

@@ -1,12 +1,15 @@
-"""`ppo.fused_update`: each minibatch step of the PPO update as one Triton kernel
-(`kernels/ppo_step.py`) instead of the ~50 kernels of the compiled loss, its backward, clipping and
-Adam. Same math, same Adam state: the kernel updates the agent's parameters and the optimizer's
-own moment tensors in place, so checkpoints, evaluation and the eager path see nothing different.
+"""`ppo.fused_update`: each minibatch step of the PPO update as two Triton kernels
+(`kernels/ppo_step.py`: the actor's and the critic's gradients on two SMs, then clipping and Adam,
+one program per parameter tensor) instead of the ~46 kernels of the compiled loss, its backward,
+clipping and Adam. Same math, same Adam state: the kernels update the agent's parameters and the
+optimizer's own moment tensors in place, so checkpoints, evaluation and the eager path see nothing
+different.
 
-With TF32 matrix products (`ppo.fused_precision`, the default) a step takes ~39 us of device time
-on an H200 against ~81 for the compiled loss's ~46 kernels; with fp32 products (`ieee`) ~129
-(docs/benchmarks.md). It is opt-in (`ppo.fused_update=true`, or `auto`: wherever it can run): on
-the H200 its Ant-v4 runs scored below the compiled path's, within seed noise so far.
+Device time per step on an H200 (docs/benchmarks.md): ~28 us with `ppo.fused_precision=tf32x3`
+(the default: three TF32 tensor-core products of split inputs, fp32-like, within the `ieee`
+tolerances of tests/test_fused_update.py), ~15 us with `tf32` (one product, ~1e-3 relative
+error), ~72 us with `ieee` (fp32 FMAs), against ~82 us for the compiled loss. `auto`, the default,
+takes it wherever it can run.
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ import torch
 import triton
 from torch import nn
 
-from kernels.ppo_step import ppo_minibatch_step_kernel
+from kernels.ppo_step import ppo_adam_kernel, ppo_gradients_kernel
 from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import ConfigError, PPOSettings
 
-# Warps per program by `ppo.fused_precision`, measured on an H200 (docs/benchmarks.md, device us per
-# step): tf32 39 at 4 warps, 36 at 8, 58 at 16; ieee 129 at 16, 310 at 8, 292 at 32 (with fp32 FMAs
-# fewer warps spill the many live [64, 64] tiles to local memory). TF32 keeps 4 warps: at 8 one test
-# shape (hidden 32 and 48, 37 samples) gave a value loss 39% off there, which 4 warps did not.
+# Warps per gradients program by `ppo.fused_precision`, measured on an H200 (docs/benchmarks.md).
+# With one kernel per step: tf32 39 us at 4 warps, 36 at 8 (but one test shape's value loss came out
+# 39% off), ieee 129 at 16, 310 at 8 (fp32 FMAs with fewer warps spill the live [64, 64] tiles).
+# With two kernels: tf32 12.3 us at 4 warps, 14.0 at 8; tf32x3 25.3 at 4, and at 8 warps Triton 3.6
+# made illegal memory accesses in every test.
 NUM_WARPS = {"tf32": 4, "tf32x3": 4, "ieee": 16}
+ADAM_WARPS = 4  # the second kernel: one program per parameter tensor, at most 4096 elements each here
 # One program holds a whole minibatch's activations in registers: CleanRL's 64-sample minibatches
 # fit easily; thousands of samples would not (an update of that shape is cheap anyway).
 MAX_MINIBATCH = 256
@@ -37,6 +42,12 @@ def unsupported_reason(agent: Agent, settings: PPOSettings, device: torch.device
     """Why the fused step cannot run this configuration, or None when it can."""
     if device.type != "cuda" and not _interpreted():
         return f"it runs on CUDA devices (this run's device is {device})"
+    on_a_gpu = device.type == "cuda" and torch.cuda.is_available()
+    capability = torch.cuda.get_device_capability(device) if on_a_gpu else None
+    if capability is not None and capability < (8, 0) and settings.fused_precision != "ieee":
+        major, minor = capability
+        return (f"TF32 products need compute capability 8.0 or newer (this GPU's is {major}.{minor}; "
+                "ppo.fused_precision=ieee runs there)")
     if minibatch_size > MAX_MINIBATCH:
         return (f"it takes minibatches of at most {MAX_MINIBATCH} samples (this run's: {minibatch_size}; "
                 "fewer envs x steps or more ppo.num_minibatches)")
@@ -95,36 +106,47 @@ class FusedStep:
         # "tf32x3" runs as itself there (its split is bit arithmetic, its products fp32).
         interpreted_tf32 = _interpreted() and settings.fused_precision == "tf32"
         self.precision = "ieee" if interpreted_tf32 else settings.fused_precision
+        self.grads = [torch.empty_like(p) for p in self.params]  # the first kernel's output, the second's input
+        self.square_sums = torch.empty(2, dtype=torch.float32, device=self.params[0].device)  # actor's, critic's
         self.obs_dim, self.act_dim = actor[0].in_features, actor[4].out_features
         self.hidden = (actor[0].out_features, actor[2].out_features)
         if (critic[0].out_features, critic[2].out_features) != self.hidden:
             raise ValueError("the fused PPO step needs the actor's and critic's hidden sizes equal")
 
     def __call__(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor, stats: torch.Tensor) -> None:
-        args, constants = self.launch_arguments(table, rows, total, stats)
-        ppo_minibatch_step_kernel[(1,)](*args, **constants, num_warps=NUM_WARPS[self.precision])
+        for kernel, grid, args, constants, num_warps in self.launches(table, rows, total, stats):
+            kernel[grid](*args, **constants, num_warps=num_warps)
 
-    def launch_arguments(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor,
-                         stats: torch.Tensor) -> tuple[list, dict]:
-        """The kernel's runtime arguments and its compile-time constants for one step (the tests
-        also compile exactly this launch for a CUDA target on a machine without a GPU)."""
+    def launches(self, table: torch.Tensor, rows: torch.Tensor, total: torch.Tensor,
+                 stats: torch.Tensor) -> list[tuple[triton.JITFunction, tuple[int], list, dict, int]]:
+        """The step's two kernel launches as `(kernel, grid, runtime arguments, compile-time constants,
+        warps)`: the gradients (one program for the actor, one for the critic), then clipping and Adam
+        (one program per parameter tensor). The tests also compile exactly these launches for a CUDA
+        target on a machine without a GPU."""
         settings, (h1, h2) = self.settings, self.hidden
         lr = self.group["lr"]
         if not isinstance(lr, torch.Tensor):
             self.lr.fill_(lr)
             lr = self.lr
         batch = rows.shape[0]
-        args = [table, table.stride(0), rows, batch, *self.params, *self.exp_avg, *self.exp_avg_sq,
-                self.steps, len(self.params), lr, total, stats,
-                settings.clip_coef, settings.vf_coef, settings.ent_coef, settings.max_grad_norm,
-                self.betas[0], self.betas[1], self.eps]
-        constants = dict(
-            OBS=self.obs_dim, ACT=self.act_dim, H1=h1, H2=h2,
-            BLOCK_B=_block(batch), OBS_P=_block(self.obs_dim), ACT_P=_block(self.act_dim),
-            H1_P=_block(h1), H2_P=_block(h2), CLIP_VLOSS=settings.clip_vloss,
-            NORM_ADV=settings.norm_adv == "minibatch", STEPS_P=_block(len(self.params)), DOT=self.precision,
+        sizes = dict(OBS=self.obs_dim, ACT=self.act_dim, H1=h1, H2=h2, OBS_P=_block(self.obs_dim),
+                     ACT_P=_block(self.act_dim), H1_P=_block(h1), H2_P=_block(h2))
+        gradients = (
+            ppo_gradients_kernel, (2,),
+            [table, table.stride(0), rows, batch, *self.params, *self.grads, self.square_sums, total, stats,
+             settings.clip_coef, settings.vf_coef, settings.ent_coef],
+            dict(sizes, BLOCK_B=_block(batch), CLIP_VLOSS=settings.clip_vloss,
+                 NORM_ADV=settings.norm_adv == "minibatch", DOT=self.precision),
+            NUM_WARPS[self.precision],
         )
-        return args, constants
+        adam = (
+            ppo_adam_kernel, (len(self.params),),
+            [*self.params, *self.exp_avg, *self.exp_avg_sq, *self.grads, self.square_sums, self.steps, lr,
+             settings.max_grad_norm, self.betas[0], self.betas[1], self.eps],
+            sizes,
+            ADAM_WARPS,
+        )
+        return [gradients, adam]
 
 
 def _block(n: int) -> int:

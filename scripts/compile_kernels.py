@@ -1,12 +1,12 @@
-"""Compile the fused PPO step's Triton kernel for a CUDA GPU on a machine without one, and print
-its registers and stack (spills) per thread.
+"""Compile the fused PPO step's Triton kernels for a CUDA GPU on a machine without one, and print
+their registers and stack (spills) per thread.
 
-    python scripts/compile_kernels.py                    # sm_90 (H100/H200), both ppo.fused_precision values
+    python scripts/compile_kernels.py                    # sm_90 (H100/H200), every ppo.fused_precision value
     python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
-a type the code generator refuses). This compiles the exact launch that `ppo.fused_update.FusedStep`
+a type the code generator refuses). This compiles the exact launches that `ppo.fused_update.FusedStep`
 makes, through Triton's whole pipeline down to a cubin with its bundled ptxas: no GPU, no driver.
 `tests/test_fused_update.py` runs it. Must run without TRITON_INTERPRET (which replaces the
 compiler); this script clears it before importing triton.
@@ -31,7 +31,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from buffers import SampleTable  # noqa: E402
-from kernels.ppo_step import ppo_minibatch_step_kernel  # noqa: E402
 from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
@@ -66,9 +65,9 @@ def signature(kernel: triton.JITFunction, args: list, constants: dict) -> tuple[
     return types, positions
 
 
-def fused_step_launch(obs_dim: int, act_dim: int, hidden: tuple[int, int], batch: int,
-                      settings: PPOSettings) -> tuple[list, dict]:
-    """The arguments `FusedStep` passes for one minibatch step, built from CPU tensors."""
+def fused_step_launches(obs_dim: int, act_dim: int, hidden: tuple[int, int], batch: int,
+                        settings: PPOSettings) -> list[tuple]:
+    """The launches `FusedStep` makes for one minibatch step, built from CPU tensors."""
     cpu = torch.device("cpu")
     agent = Agent(obs_dim, act_dim, hidden)
     optimizer = make_optimizer(agent, settings, cpu, graphs=False)
@@ -76,7 +75,7 @@ def fused_step_launch(obs_dim: int, act_dim: int, hidden: tuple[int, int], batch
     table = SampleTable(batch, obs_dim, act_dim, cpu).data
     rows = torch.arange(batch)
     stats = torch.zeros(len(STAT_NAMES))
-    return step.launch_arguments(table, rows, stats.clone(), stats)
+    return step.launches(table, rows, stats.clone(), stats)
 
 
 def resource_usage(cubin: bytes) -> str:
@@ -95,25 +94,27 @@ def resource_usage(cubin: bytes) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
-    parser.add_argument("--num-warps", type=int, default=None, help="default: ppo.fused_update.NUM_WARPS per precision")
+    parser.add_argument("--num-warps", type=int, default=None,
+                        help="the gradients kernel's warps (default: ppo.fused_update.NUM_WARPS per precision)")
     parser.add_argument("--precisions", nargs="+", choices=sorted(fused_update.NUM_WARPS),
                         default=sorted(fused_update.NUM_WARPS), help="ppo.fused_precision values to compile")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
     args = parser.parse_args()
     target = GPUTarget("cuda", args.arch, 32)
     for precision in args.precisions:
-        num_warps = args.num_warps or fused_update.NUM_WARPS[precision]
         for name in args.configs:
             obs_dim, act_dim, hidden, batch, settings = CONFIGS[name]
             settings = dataclasses.replace(settings, fused_precision=precision)
-            launch_args, constants = fused_step_launch(obs_dim, act_dim, hidden, batch, settings)
-            types, positions = signature(ppo_minibatch_step_kernel, launch_args, constants)
-            start = time.perf_counter()
-            compiled = triton.compile(ASTSource(ppo_minibatch_step_kernel, types, positions), target=target,
-                                      options={"num_warps": num_warps})
-            print(f"ppo_minibatch_step_kernel [{name}, {precision}] sm_{args.arch}, {num_warps} warps: compiled in "
-                  f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes")
-
+            for kernel, _, launch_args, constants, num_warps in fused_step_launches(obs_dim, act_dim, hidden, batch,
+                                                                                   settings):
+                if args.num_warps and kernel.fn.__name__ == "ppo_gradients_kernel":
+                    num_warps = args.num_warps
+                types, positions = signature(kernel, launch_args, constants)
+                start = time.perf_counter()
+                compiled = triton.compile(ASTSource(kernel, types, positions), target=target,
+                                          options={"num_warps": num_warps})
+                print(f"{kernel.fn.__name__} [{name}, {precision}] sm_{args.arch}, {num_warps} warps: compiled in "
+                      f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes")
 
 if __name__ == "__main__":
     main()
