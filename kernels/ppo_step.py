@@ -1,17 +1,19 @@
-"""One PPO minibatch step, the whole of it, as one Triton kernel: gather the minibatch's rows, run
-the actor and critic MLPs forward, the clipped-surrogate and value losses, their backward pass by
-hand, global-norm gradient clipping and Adam, in a single program.
+"""One PPO minibatch step, the whole of it, as two Triton kernels: gather the minibatch's rows, run
+the actor and critic MLPs forward, the clipped-surrogate and value losses and their backward pass
+by hand (`ppo_gradients_kernel`), then global-norm gradient clipping and Adam (`ppo_adam_kernel`).
 
 Why: CleanRL's schedule takes 320 optimiser steps on 64-sample minibatches per 2,048 samples. Each
 step is tiny (~5 MFLOP), so its cost is the count of kernels it launches: ~46 even after
-torch.compile and CUDA graphs, ~26 ms of device time per update on an H200 (docs/benchmarks.md),
-where issue 4 needs ~15 ms. One program per step holds every activation in registers; the GPU is
-mostly idle either way, so a step's latency, not its throughput, is what counts. One SM runs every
-dependent matrix product alone, so their speed decides: with fp32 FMAs (`ieee`) a step takes ~129
-us against the compiled path's ~81; with TF32 tensor-core products (`tf32`) ~39, 16 ms of device
-time per update. `ppo.fused_update` is still opt-in: see ppo/fused_update.py.
+torch.compile and CUDA graphs, ~26 ms of device time per update on an H200 (docs/benchmarks.md).
+A step's latency, not the GPU's throughput, is what counts, and a chain of dependent matrix
+products on one SM decides it. So the gradients kernel runs two programs, the actor's chain (eight
+products) and the critic's (five) side by side on two SMs, each holding its activations in
+registers; they meet only in the gradient norm, which is why clipping and Adam are a second kernel
+(one program per parameter tensor, reading both halves' sums of squares). On an H200: ~29 us per
+step with `tf32x3` products (fp32-like), ~16 with `tf32`, ~72 with `ieee`; as one program per step
+the same math took ~74, ~50 and ~167.
 
-Scope: the default model only (`ppo.fused_update.supports` says exactly which): separate actor
+Scope: the default model only (`ppo.fused_update.unsupported_reason` says exactly which): separate actor
 and critic MLPs with two tanh hidden layers, a state-independent log-std, Adam without weight
 decay, one process. The math is `ppo.update.ppo_loss` followed by `loss.backward()`,
 `clip_grad_norm_` and `torch.optim.Adam.step()`, including torch's gradient at ties of `max` (split
@@ -55,7 +57,7 @@ def _tf32_split(x):
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr):
     # "tf32": tensor cores, the inputs read to 10 mantissa bits (~1e-3 relative error per product, as
-    # JAX's default float32 matmul on these GPUs); 3.3x faster per step on an H200 than "ieee", fp32
+    # JAX's default float32 matmul on these GPUs); 4.6x faster per step on an H200 than "ieee", fp32
     # FMAs as torch's default matmul (docs/benchmarks.md).
     # "tf32x3": three TF32 products of split inputs, hi*lo + lo*hi + hi*hi (lo*lo, ~2^-22, dropped),
     # smallest first: ~1e-6 relative error, fp32's order, on tensor cores. Triton's own "tf32x3"

@@ -73,8 +73,11 @@ def main() -> None:
     kernels.sort(key=device_us, reverse=True)
     total_us = sum(device_us(e) for e in kernels)
     launches = sum(e.count for e in kernels)
-    print(f"# device time {total_us / 1e3:.1f} ms in {launches} kernels ({launches / steps:.0f} per step, "
-          f"{total_us / max(launches, 1):.2f} us each on average)")
+    # Per step: the update's whole device time over its minibatch steps (the permutations and the
+    # table fill, a few kernels per update, included). An average per kernel is a different number
+    # once a step is one or two kernels: session 11's tables quoted that one as "per step".
+    print(f"# device time {total_us / 1e3:.1f} ms in {launches} kernels ({launches / steps:.0f} per step): "
+          f"{total_us / steps:.1f} us per minibatch step")
     print(f"{'kernel':70s} {'per step':>8s} {'us each':>8s} {'share':>6s}")
     for e in kernels[:args.rows]:
         print(f"{e.key[:70]:70s} {e.count / steps:8.1f} {device_us(e) / e.count:8.2f} {device_us(e) / total_us:6.1%}")
