@@ -36,7 +36,7 @@ from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
-from ppo.fused_update import fuses
+from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
@@ -98,6 +98,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
     agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer).to(device)
     minibatch_size = settings.batch_size // ppo.num_minibatches
+    fallback = auto_fallback_note(ppo, agent, device, workers.world_size, minibatch_size)  # printed below
     ppo = dataclasses.replace(ppo, fused_update=fuses(ppo, agent, device, workers.world_size, minibatch_size))
     compiled_loss = compiles(ppo, device) and not ppo.fused_update
     # On a GPU the compiled loss runs the actor and critic side by side (fewer kernels per step); on a
@@ -142,6 +143,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                             if "compiled update" in fast_paths else "")
             print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}",
                   flush=True)
+        if fallback:
+            print(fallback, flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < settings.total_timesteps and not stop.agreed(device):

@@ -77,6 +77,16 @@ def fuses(settings: PPOSettings, agent: Agent, device: torch.device, world_size:
     return reason is None and (settings.fused_update is True or device.type == "cuda")
 
 
+def auto_fallback_note(settings: PPOSettings, agent: Agent, device: torch.device, world_size: int,
+                       minibatch_size: int) -> str | None:
+    """The line a run prints where `ppo.fused_update=auto` on a GPU takes another step (the
+    compiled or eager one), saying why; None where it fuses or was not asked to."""
+    if settings.fused_update != "auto" or device.type != "cuda":
+        return None
+    reason = unsupported_reason(agent, settings, device, world_size, minibatch_size)
+    return None if reason is None else f"no fused update step (ppo.fused_update=auto): {reason}"
+
+
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -16,7 +16,7 @@ from torch import nn
 from buffers import SampleTable
 from ppo.agent import Agent
 from ppo.config import ConfigError, PPOSettings
-from ppo.fused_update import FusedStep, fuses, unsupported_reason
+from ppo.fused_update import FusedStep, auto_fallback_note, fuses, unsupported_reason
 from ppo.normalize import ValueNormalizer
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
 from tests.rollouts import poisoned_like
@@ -193,6 +193,15 @@ def test_tf32_needs_an_ampere_or_newer_gpu(monkeypatch):
                           "ppo.fused_precision=ieee runs there)")
         assert not fuses(PPOSettings(fused_precision=precision), agent, cuda, 1, 64)  # auto: the compiled step
     assert fuses(PPOSettings(fused_precision="ieee"), agent, cuda, 1, 64)
+    # a run says why auto did not fuse, where it was on a GPU
+    assert auto_fallback_note(PPOSettings(), agent, cuda, 1, 64) == (
+        "no fused update step (ppo.fused_update=auto): TF32 products need compute capability 8.0 or newer "
+        "(this GPU's is 7.5; ppo.fused_precision=ieee runs there)")
+    assert auto_fallback_note(PPOSettings(fused_precision="ieee"), agent, cuda, 1, 64) is None  # it fuses
+    assert auto_fallback_note(PPOSettings(fused_update=False), agent, cuda, 1, 64) is None  # not asked
+    assert auto_fallback_note(PPOSettings(), agent, torch.device("cpu"), 1, 64) is None  # CPU: never by default
+    elu = Agent(27, 8, activation="elu")
+    assert "two tanh hidden layers" in auto_fallback_note(PPOSettings(fused_precision="ieee"), elu, cuda, 1, 64)
 
 
 @pytest.mark.parametrize("value", ["fast", "TF32", "bf16", None])
