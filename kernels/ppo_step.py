@@ -336,6 +336,9 @@ def ppo_adam_kernel(
     """Second half of a step, one program per parameter tensor (13): `clip_grad_norm_` by both
     halves' sums of squares, then `torch.optim.Adam.step()` on that tensor and its step count."""
     pid = tl.program_id(0)
+    # Each program reads its own step count (one per tensor, advanced here), so no program sees
+    # another's write. The thirteen branches below are one per tensor because a Triton program
+    # cannot pick a pointer out of a list by its id.
     square_sum = tl.load(square_sums_ptr) + tl.load(square_sums_ptr + 1)
     scale = tl.minimum(max_grad_norm / (tl.sqrt(square_sum) + 1e-6), 1.0)
     step_count = tl.load(steps_ptr + pid) + 1.0

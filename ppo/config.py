@@ -56,8 +56,8 @@ class PPOSettings:
     reward_clip: float = 10.0
     compile: bool | str = "auto"  # torch.compile the update; auto: only on CUDA (see ppo.update.compiles)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
-    # each minibatch step as one Triton kernel (ppo.fused_update): true (an error where it cannot run),
-    # auto (on one CUDA device wherever the model allows it; see ppo.fused_update.fuses) or false
+    # each minibatch step as two Triton kernels (ppo.fused_update): auto (on one CUDA device wherever the
+    # model allows it; see ppo.fused_update.fuses), true (an error where it cannot run) or false
     fused_update: bool | str = "auto"
     # the fused step's matrix products: tf32x3 (three tensor-core products of split inputs: fp32-like),
     # tf32 (one: the inputs read to 10 mantissa bits, as JAX's default float32 matmul on these GPUs)

@@ -170,7 +170,7 @@ def test_fused_update_auto_means_one_cuda_device_and_a_supported_model():
     assert auto.fused_update == "auto" and auto.fused_precision == "tf32x3"  # the defaults
     assert fuses(auto, default_model, cuda, 1, 64)
     assert not fuses(auto, default_model, cuda, 2, 64)  # torchrun workers
-    assert not fuses(auto, elu, cuda, 1, 64)  # falls back without a word: auto
+    assert not fuses(auto, elu, cuda, 1, 64)  # auto falls back without an error (train.py prints why)
     assert not fuses(auto, default_model, cuda, 1, 2048)
     assert not fuses(off, default_model, cuda, 1, 64)
     with pytest.raises(ConfigError, match="ppo.fused_update=true cannot run this configuration: .*two tanh"):
