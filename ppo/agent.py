@@ -44,7 +44,8 @@ def _mlp(in_features: int, hidden_sizes: tuple[int, ...], out_features: int, out
 
 
 class Agent(nn.Module):
-    """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions."""
+    """`get_value(obs) -> [B]`; `get_action_and_value(obs, action=None)` samples (or scores) actions;
+    collection samples with `sample_action` and scores with `log_prob` later."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: tuple[int, ...] = (64, 64), init_log_std: float = 0.0,
                  activation: str = "tanh", value_normalizer: ValueNormalizer | None = None,
@@ -117,12 +118,22 @@ class Agent(nn.Module):
         fewer ops per minibatch step, and no argument validation (a host sync per call)."""
         mean, raw_value = self._mean_and_raw_value(obs)
         log_std = self.actor_log_std.expand_as(mean)
-        std = log_std.exp()
         if action is None:
-            action = mean + std * torch.randn_like(mean)
-        log_prob = (-0.5 * ((action - mean) / std).square() - log_std - _LOG_SQRT_2PI).sum(-1)
+            action = mean + log_std.exp() * torch.randn_like(mean)
         entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1)
-        return action, log_prob, entropy, self._value(raw_value)
+        return action, self.log_prob(action, mean), entropy, self._value(raw_value)
+
+    def sample_action(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(action [B, A], mean [B, A])`: the actor alone, for collection, which needs the action
+        at once and the log-prob (`log_prob(action, mean)`) and value only later. The same random
+        draws as `get_action_and_value(obs)`."""
+        mean = self.actor_mean(obs)
+        return mean + self.actor_log_std.expand_as(mean).exp() * torch.randn_like(mean), mean
+
+    def log_prob(self, action: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """`[B]`: the log-density of `action` under the Gaussian of mean `mean`."""
+        log_std = self.actor_log_std.expand_as(mean)
+        return (-0.5 * ((action - mean) / log_std.exp()).square() - log_std - _LOG_SQRT_2PI).sum(-1)
 
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor_mean(obs)

@@ -59,11 +59,18 @@ class EpisodeStats:
 class Collector:
     """Steps the envs with the current policy and fills a RolloutBuffer.
 
+    Each step of a group is cut in two at the simulator. `_act` is what the simulator waits for:
+    normalise the observation it returned, sample the next action (the actor alone). `_book` runs
+    after `send`, while the group simulates: record the step's outcome, the value, the log-prob and
+    the buffer writes. So only the actor's forward stands between an observation arriving and the
+    next action leaving (on the H200 host each step's device work sits on that path: the host waits
+    for it before it can send).
+
     With `graphs` (one CUDA device), the first `collect` runs eagerly on a side stream (the warm-up
-    CUDA graph capture needs), then every step's device work before and after the simulator is
-    captured, one graph per step, env group and side: later rollouts replay them, and only the
-    simulator's hand-off (actions out, observations in) stays in Python. The captured code is the eager code;
-    it keeps all state in tensors updated in place, so a replay reads and writes the same memory.
+    CUDA graph capture needs), then both halves of every step are captured, one graph each per
+    step and env group: later rollouts replay them, and only the simulator's hand-off (actions out,
+    observations in) stays in Python. The captured code is the eager code; it keeps all state in
+    tensors updated in place, so a replay reads and writes the same memory.
     """
 
     def __init__(self, envs: VecEnv, agent: Agent, obs_normalizer: ObservationNormalizer,
@@ -76,7 +83,8 @@ class Collector:
         self.env_seconds = self.inference_seconds = 0.0
         self.graphs = graphs
         self.columns = member_columns(envs)  # each simulator's columns of the buffer
-        self._captured: tuple | None = None  # (buffer, before-env graphs, after-env graphs, final graph)
+        self._sampled: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (t, group): (action, mean)
+        self._captured: tuple | None = None  # (buffer, act graphs, book graphs, final graph)
 
     @torch.no_grad()
     def collect(self, buffer: RolloutBuffer) -> None:
@@ -96,29 +104,28 @@ class Collector:
 
     def _collect_eagerly(self, buffer: RolloutBuffer) -> None:
         self._pipeline(buffer.num_steps,
-                       act=lambda t, group, envs: self._before_env(buffer, t, envs),
                        receive=lambda group: self.envs.members[group].recv(),
-                       record=lambda t, group, envs, outputs: self._after_env(buffer, t, envs, *outputs),
+                       act=lambda t, group, envs, outputs: self._act(buffer, t, group, envs, outputs),
+                       book=lambda t, group, envs, outputs: self._book(buffer, t, group, envs, outputs),
                        finish=lambda: self._finish(buffer))
 
-    def _pipeline(self, num_steps: int, act, receive, record, finish) -> None:
+    def _pipeline(self, num_steps: int, receive, act, book, finish) -> None:
         """Step every group `num_steps` times in pipeline order, timing the simulator's hand-off
-        (`send`, `recv`) apart from the device work around it (`act`, `record`, `finish`)."""
+        (`recv`, `send`) apart from the device work around it (`act`, `book`, `finish`)."""
         for t, group, columns in self._schedule(num_steps):
+            outputs = None
+            start = time.perf_counter()
             if t > 0:  # receive step t-1: the group simulated it while the others were served
-                start = time.perf_counter()
                 outputs = receive(group)
-                received = time.perf_counter()
-                record(t - 1, group, columns, outputs)
-                self.env_seconds += received - start
-                self.inference_seconds += time.perf_counter() - received
+            acting = time.perf_counter()
+            action = act(t, group, columns, outputs)
+            sending = time.perf_counter()
             if t < num_steps:
-                start = time.perf_counter()
-                action = act(t, group, columns)
-                sending = time.perf_counter()
                 self.envs.members[group].send(action)
-                self.inference_seconds += sending - start
-                self.env_seconds += time.perf_counter() - sending
+            booking = time.perf_counter()
+            book(t, group, columns, outputs)
+            self.env_seconds += (acting - start) + (booking - sending)
+            self.inference_seconds += (sending - acting) + (time.perf_counter() - booking)
         start = time.perf_counter()
         finish()
         self.inference_seconds += time.perf_counter() - start
@@ -130,74 +137,82 @@ class Collector:
             for group, columns in enumerate(self.columns):
                 yield t, group, columns
 
-    def _before_env(self, buffer: RolloutBuffer, t: int, envs: slice) -> torch.Tensor:
-        """Act on `next_obs` of the envs `envs` (a slice of the columns), record their step t's
-        inputs; returns the clipped action for the simulator."""
+    def _act(self, buffer: RolloutBuffer, t: int, group: int, envs: slice, outputs: tuple | None
+             ) -> torch.Tensor | None:
+        """What the simulator waits for: normalise the observation step t-1 returned (t > 0) for
+        the envs `envs` (a slice of the columns), then sample their step t's action (t < num_steps).
+        Returns the clipped action for the simulator (None after the last step)."""
+        if t > 0:
+            self.next_obs[envs] = self.obs_normalizer(outputs[0])
+        if t == buffer.num_steps:
+            return None
+        action, mean = self.agent.sample_action(self.next_obs[envs])
+        self._sampled[t, group] = action, mean  # for `_book`; kept per step (captured graphs read them)
+        return torch.maximum(torch.minimum(action, self.envs.action_high), self.envs.action_low)
+
+    def _book(self, buffer: RolloutBuffer, t: int, group: int, envs: slice, outputs: tuple | None) -> None:
+        """The rest, while the group simulates: record step t-1's outcome (t > 0), then step t's
+        inputs, log-prob and value (t < num_steps)."""
+        if t > 0:
+            _, reward, terminated, truncated = outputs
+            valid = buffer.valid[t - 1, envs]
+            # A dummy step's flags say nothing about an episode; its reward is 0 on both backends.
+            terminated = terminated & valid
+            truncated = truncated & valid
+            done = terminated | truncated
+            self.episodes.record(reward, done, valid, envs)
+            buffer.rewards[t - 1, envs] = self.reward_scaler(reward, done, envs)
+            buffer.terminateds[t - 1, envs] = terminated
+            buffer.truncateds[t - 1, envs] = truncated
+            self.next_is_dummy[envs] = done
+        if t == buffer.num_steps:
+            return
         obs = self.next_obs[envs]
-        action, log_prob, _, value = self.agent.get_action_and_value(obs)
+        action, mean = self._sampled[t, group]
+        value = self.agent.get_value(obs)
         buffer.observations[t, envs] = obs
         buffer.actions[t, envs] = action
-        buffer.log_probs[t, envs] = log_prob
+        buffer.log_probs[t, envs] = self.agent.log_prob(action, mean)
         buffer.values[t, envs] = value
         buffer.valid[t, envs] = ~self.next_is_dummy[envs]
         if t > 0:  # this step's observation is the final one of an episode truncated at t-1
             buffer.bootstrap_values[t - 1, envs] = torch.where(buffer.truncateds[t - 1, envs], value, 0.0)
-        return torch.maximum(torch.minimum(action, self.envs.action_high), self.envs.action_low)
-
-    def _after_env(self, buffer: RolloutBuffer, t: int, envs: slice, raw_obs: torch.Tensor, reward: torch.Tensor,
-                   terminated: torch.Tensor, truncated: torch.Tensor) -> None:
-        """Record step t's outcome for the envs `envs` and normalise their next observation."""
-        valid = buffer.valid[t, envs]
-        # A dummy step's flags say nothing about an episode; its reward is 0 on both backends.
-        terminated = terminated & valid
-        truncated = truncated & valid
-        done = terminated | truncated
-        self.episodes.record(reward, done, valid, envs)
-        buffer.rewards[t, envs] = self.reward_scaler(reward, done, envs)
-        buffer.terminateds[t, envs] = terminated
-        buffer.truncateds[t, envs] = truncated
-        self.next_obs[envs] = self.obs_normalizer(raw_obs)
-        self.next_is_dummy[envs] = done
 
     def _finish(self, buffer: RolloutBuffer) -> None:
         next_value = self.agent.get_value(self.next_obs)
         buffer.bootstrap_values[-1] = torch.where(buffer.terminateds[-1], 0.0, next_value)
 
     def _capture(self, buffer: RolloutBuffer) -> None:
-        device = self.device
-        self.env_outputs = [(torch.zeros(m.num_envs, m.obs_dim, device=device),
-                             torch.zeros(m.num_envs, device=device),
-                             torch.zeros(m.num_envs, dtype=torch.bool, device=device),
-                             torch.zeros(m.num_envs, dtype=torch.bool, device=device)) for m in self.envs.members]
+        self.env_outputs = [m.step_outputs() for m in self.envs.members]
         # Capturing records kernels without running them: the state the eager rollout left behind
         # is what the first replay starts from. One memory pool, so the graphs are captured in the
         # order they replay: the pipeline's.
         pool = torch.cuda.graph_pool_handle()
-        before, after, self.actions = {}, {}, {}
+        act, book, self.actions = {}, {}, {}
         for t, group, columns in self._schedule(buffer.num_steps):
-            if t > 0:
-                after[t - 1, group] = graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._after_env(buffer, t - 1, columns, *self.env_outputs[group])
-            if t < buffer.num_steps:
-                before[t, group] = graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.actions[t, group] = self._before_env(buffer, t, columns)
+            outputs = self.env_outputs[group].tensors if t > 0 else None
+            act[t, group] = graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.actions[t, group] = self._act(buffer, t, group, columns, outputs)
+            book[t, group] = graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._book(buffer, t, group, columns, outputs)
         final = torch.cuda.CUDAGraph()
         with torch.cuda.graph(final, pool=pool):
             self._finish(buffer)
-        self._captured = (buffer, before, after, final)
+        self._captured = (buffer, act, book, final)
 
     def _replay(self, buffer: RolloutBuffer) -> None:
-        captured_buffer, before, after, final = self._captured
+        captured_buffer, act, book, final = self._captured
         if buffer is not captured_buffer:
             raise ValueError("Collector: the CUDA graphs were captured on another RolloutBuffer")
 
-        def act(t: int, group: int, envs: slice) -> torch.Tensor:
-            before[t, group].replay()
+        def replay_act(t: int, group: int, envs: slice, outputs) -> torch.Tensor | None:
+            act[t, group].replay()
             return self.actions[t, group]
 
-        self._pipeline(buffer.num_steps, act,
+        self._pipeline(buffer.num_steps,
                        receive=lambda group: self.envs.members[group].recv(out=self.env_outputs[group]),
-                       record=lambda t, group, envs, outputs: after[t, group].replay(),
+                       act=replay_act,
+                       book=lambda t, group, envs, outputs: book[t, group].replay(),
                        finish=final.replay)

@@ -20,9 +20,12 @@ class KnownPolicy:
     def get_value(self, obs):
         return 10.0 + obs[:, 0]
 
-    def get_action_and_value(self, obs, action=None):
+    def sample_action(self, obs):
         zeros = torch.zeros(obs.shape[0], 1)
-        return zeros, torch.zeros(obs.shape[0]), torch.zeros(obs.shape[0]), self.get_value(obs)
+        return zeros, zeros
+
+    def log_prob(self, action, mean):
+        return torch.zeros(action.shape[0])
 
 
 def collect_toy(num_steps: int, num_envs: int = 2, groups: int = 1) -> RolloutBuffer:
@@ -307,3 +310,26 @@ def test_envpool_groups_are_the_envs_of_one_simulator():
             assert torch.equal(a, b)
     one.close()
     grouped.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: the pinned copy"))])
+def test_step_outputs_hold_what_the_simulator_returned(device):
+    # Fixed tensors for CUDA graphs, filled from the simulator's numpy arrays (float64 as gymnasium's
+    # MuJoCo observations are, bool flags) through one packed buffer: each view must read back its
+    # own array, refill after refill, at the same addresses.
+    import numpy as np
+
+    from ppo.envs import StepOutputs
+
+    rng = np.random.default_rng(0)
+    outputs = StepOutputs(5, 3, torch.device(device))
+    addresses = [t.data_ptr() for t in outputs.tensors]
+    for _ in range(3):
+        arrays = (rng.normal(size=(5, 3)), rng.normal(size=5), rng.random(5) < 0.5, rng.random(5) < 0.5)
+        tensors = outputs.fill(arrays)
+        assert [t.data_ptr() for t in tensors] == addresses
+        assert [t.dtype for t in tensors] == [torch.float32, torch.float32, torch.bool, torch.bool]
+        for tensor, array in zip(tensors, arrays, strict=True):
+            expected = torch.from_numpy(array).to(tensor.dtype)
+            assert torch.equal(tensor.cpu(), expected)
