@@ -13,7 +13,9 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
   copy      a device-to-device copy of the same bytes (the floor)
   loop      CleanRL's reverse Python loop of torch ops (only for short rows: it is slow)
   compile   torch.compile of a vectorised GAE built on torch's associative_scan
-  call/empty  the full call over a launch of an empty Triton kernel, measured in the same run
+  call/empty  the full call over a launch of an empty one-argument Triton kernel: the median of
+            the ratios of neighbouring blocks of each, alternated (the host's launch cost drifts
+            within a run, 11-18 us on the H200 host; a yardstick timed minutes apart drifts with it)
 Times are medians. Small shapes are launch-bound; compare them only inside one run.
 """
 
@@ -60,6 +62,33 @@ def median_time_us(fn, calls: int, repeats: int = 15) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(samples)
+
+
+def paired_time_us(fn, yardstick, calls: int, repeats: int = 15) -> tuple[float, float, float]:
+    """`(median us per fn(), median us per yardstick(), median of their ratios)`, each timed as in
+    `median_time_us` in alternating blocks, so each ratio compares calls a few ms apart."""
+    fn()
+    yardstick()
+    torch.cuda.synchronize()
+    times: dict[int, list[float]] = {0: [], 1: []}
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    for _ in range(repeats):
+        for which, f in enumerate((fn, yardstick)):
+            events[0].record()
+            for _ in range(calls):
+                f()
+            events[1].record()
+            events[1].synchronize()
+            times[which].append(events[0].elapsed_time(events[1]) * 1e3 / calls)
+    ratios = [a / b for a, b in zip(times[0], times[1], strict=True)]
+    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
+
+
+def empty_launch() -> None:
+    _empty_kernel[(1,)](_EMPTY_ARGUMENT[0])
+
+
+_EMPTY_ARGUMENT: list[torch.Tensor] = []  # set in main (needs CUDA)
 
 
 def queued_time_us(fn, calls: int, repeats: int = 15) -> float:
@@ -215,26 +244,26 @@ def main() -> None:
     for _ in range(200):  # raise the clocks from idle before timing anything
         big_out.copy_(big)
     del big, big_out
-    dummy = torch.empty(1, device="cuda")
-    empty_us = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
+    _EMPTY_ARGUMENT.append(torch.empty(1, device="cuda"))
+    empty_us = median_time_us(empty_launch, 200)
     print(f"# empty Triton kernel launch {empty_us:.2f} us", flush=True)
 
     compile_state = {"combine": None, "spent": 0.0, "enabled": not args.no_compile}
     rows = []
     header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'device us':>9} {'GB/s':>7} {'%copy':>6} "
-              f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'call/empty':>10} {'max err':>8}")
+              f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'empty us':>8} {'call/empty':>10} {'max err':>8}")
     print(header, flush=True)
     for spec in args.shapes:
         for layout in args.layouts:
             row = measure(spec, layout, args, compile_state)
-            row["call_over_empty"] = row["call_us"] / empty_us
             rows.append(row)
             print(f"{spec:>12} {layout:>6} {row['call_us']:9.2f} {row['device_us']:9.2f} {row['gb_per_s']:7.0f} "
                   f"{100 * row['fraction_of_copy_bw']:5.0f}% {row['copy_us']:8.2f} {row['loop_us']:10.0f} "
-                  f"{row['compile_us']:10.2f} {row['call_over_empty']:10.2f} {row['max_abs_error']:8.1e}", flush=True)
+                  f"{row['compile_us']:10.2f} {row['empty_us']:8.2f} {row['call_over_empty']:10.2f} "
+                  f"{row['max_abs_error']:8.1e}", flush=True)
             torch.cuda.empty_cache()
 
-    empty_after = median_time_us(lambda: _empty_kernel[(1,)](dummy), 200)
+    empty_after = median_time_us(empty_launch, 200)
     copy_bw = max(BYTES_PER_ELEMENT * _elements(row["shape"]) / (row["copy_us"] * 1e-6) for row in rows)
     print(f"# empty Triton kernel launch again at the end: {empty_after:.2f} us; best copy bandwidth "
           f"{copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -315,7 +344,8 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
                     advantages=x["advantages"], returns=x["returns"])
 
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
-    call_us = median_time_us(ours, max(calls, 50))  # enough calls that launches overlap
+    # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
+    call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
     device_us = queued_time_us(ours, calls)
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     error = reference_check(x) if small_rows else float("nan")
@@ -363,7 +393,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     gbps = nbytes / (device_us * 1e-6) / 1e9
     return {"shape": spec, "layout": layout, "call_us": call_us, "device_us": device_us, "gb_per_s": gbps,
             "fraction_of_copy_bw": copy_us / device_us, "copy_us": copy_us, "loop_us": loop_us,
-            "compile_us": compile_us, "max_abs_error": error}
+            "compile_us": compile_us, "max_abs_error": error, "empty_us": empty_us, "call_over_empty": call_over_empty}
 
 
 def pick_combine_order(x, gae_args):
