@@ -259,7 +259,7 @@ class StepOutputs:
     def fill(self, arrays: tuple[np.ndarray, ...]) -> tuple[torch.Tensor, ...]:
         """Write one step's `(observations, rewards, terminateds, truncateds)` arrays; returns `tensors`."""
         for target, array in zip(self._host_arrays, arrays, strict=True):
-            np.copyto(target, array.reshape(target.shape), casting="same_kind")
+            np.copyto(target, array.reshape(target.shape), casting="unsafe")  # casts as torch's copy_ would
         if self._host_bytes is not self._device_bytes:
             self._device_bytes.copy_(self._host_bytes, non_blocking=True)
         return self.tensors

@@ -316,8 +316,8 @@ def test_envpool_groups_are_the_envs_of_one_simulator():
     not torch.cuda.is_available(), reason="needs CUDA: the pinned copy"))])
 def test_step_outputs_hold_what_the_simulator_returned(device):
     # Fixed tensors for CUDA graphs, filled from the simulator's numpy arrays (float64 as gymnasium's
-    # MuJoCo observations are, bool flags) through one packed buffer: each view must read back its
-    # own array, refill after refill, at the same addresses.
+    # MuJoCo observations are, bool or 0/1 integer flags) through one packed buffer: each view must
+    # read back its own array, refill after refill, at the same addresses.
     import numpy as np
 
     from ppo.envs import StepOutputs
@@ -326,7 +326,8 @@ def test_step_outputs_hold_what_the_simulator_returned(device):
     outputs = StepOutputs(5, 3, torch.device(device))
     addresses = [t.data_ptr() for t in outputs.tensors]
     for _ in range(3):
-        arrays = (rng.normal(size=(5, 3)), rng.normal(size=5), rng.random(5) < 0.5, rng.random(5) < 0.5)
+        arrays = (rng.normal(size=(5, 3)), rng.normal(size=5), rng.random(5) < 0.5,
+                  (rng.random(5) < 0.5).astype(np.uint8))
         tensors = outputs.fill(arrays)
         assert [t.data_ptr() for t in tensors] == addresses
         assert [t.dtype for t in tensors] == [torch.float32, torch.float32, torch.bool, torch.bool]
