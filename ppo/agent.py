@@ -126,7 +126,8 @@ class Agent(nn.Module):
     def sample_action(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(action [B, A], mean [B, A])`: the actor alone, for collection, which needs the action
         at once and the log-prob (`log_prob(action, mean)`) and value only later. The same random
-        draws as `get_action_and_value(obs)`."""
+        draws as `get_action_and_value(obs)`. (With a shared trunk the trunk then runs twice per
+        step, here and in `get_value`: the price of keeping the critic off the simulator's path.)"""
         mean = self.actor_mean(obs)
         return mean + self.actor_log_std.expand_as(mean).exp() * torch.randn_like(mean), mean
 
