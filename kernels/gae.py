@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import torch
 
 from kernels.reference import gae_reference
 
 try:  # Triton is optional on the CPU path (it is not installable everywhere).
-    from kernels.triton_gae import launch_gae
+    from kernels.triton_gae import GaeLaunch
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    launch_gae = None
+    GaeLaunch = None
 
 CORRECTNESS_CHECKS_ENV = "RL_TRITON_CORRECTNESS_WARNINGS"
 FLAG_DTYPES = (torch.bool, torch.uint8, torch.float32, torch.float64)
@@ -59,28 +60,75 @@ def compute_gae(
     Returns `(advantages, returns)`, with `A_T = 0` and `returns = advantages + values`.
     Raises `TypeError`/`ValueError` naming the offending argument.
     """
-    inputs = (rewards, values, terminateds, truncateds, bootstrap_values, last_value)
-    if not _looks_valid(inputs, gamma, lam, advantages, returns):
-        gamma, lam = _check_thoroughly(inputs, gamma, lam, advantages, returns)
-    if advantages is None:
-        advantages = torch.empty_like(values)  # keeps a time-major layout time-major
-    if returns is None:
-        returns = torch.empty_like(values)
-
-    if values.numel() == 0:
+    if (advantages is None or returns is None) and isinstance(values, torch.Tensor):
+        # empty_like keeps a time-major layout time-major. A `values` that is not a tensor fails
+        # the checks below, which say so.
+        advantages = torch.empty_like(values) if advantages is None else advantages
+        returns = torch.empty_like(values) if returns is None else returns
+    tensors = (rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns)
+    signature = _signature(tensors)
+    run = _runs.get(signature) if signature is not None else None
+    plain_scalars = type(gamma) is float and type(lam) is float and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0
+    if run is None or not plain_scalars:
+        gamma, lam = _check_thoroughly(tensors, gamma, lam)
+        if run is None:
+            run = _plan(tensors)
+            if signature is not None:
+                if len(_runs) >= _MAX_RUNS:
+                    _runs.clear()
+                _runs[signature] = run
+    if run is _nothing:  # no elements
         return advantages, returns
+    # What the signature cannot say: whether an output shares its first element with an input or
+    # the other output (a kernel reading values[t+1] after another program wrote there would be
+    # silently wrong). That catches the usual mistake, passing an input as an output.
+    pointers = [0 if x is None else x.data_ptr() for x in tensors]
+    inputs_at = pointers[:6]
+    if pointers[6] in inputs_at or pointers[7] in inputs_at or pointers[6] == pointers[7]:
+        _check_thoroughly(tensors, gamma, lam)  # raises, naming the output
     if _CORRECTNESS_CHECKS:
         check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
-
-    if values.is_cuda or (_INTERPRET and values.dtype == torch.float32):
-        if launch_gae is None:
-            raise RuntimeError("compute_gae: CUDA tensors need Triton, which is not installed")
-        launch_gae(rewards, values, terminateds, truncateds, bootstrap_values, last_value,
-                   gamma, lam, advantages, returns)
-    else:
-        gae_reference(rewards, values, terminateds, truncateds, bootstrap_values, last_value,
-                      gamma, lam, advantages, returns)
+    run(tensors, pointers, gamma, lam)
     return advantages, returns
+
+
+# What runs each validated call signature: every tensor's dtype, shape, strides and device (None
+# for an absent one). Those fix all that the checks of `_check_thoroughly` look at except the
+# scalars and the outputs' addresses, which every call checks, so a call with a known signature
+# skips them; they cost about as much as the kernel launch itself. For the Triton path the entry
+# is also the launch's plan (`GaeLaunch`), so a training loop plans once.
+_runs: dict[tuple, Callable] = {}
+_MAX_RUNS = 1024
+
+
+def _signature(tensors: tuple) -> tuple | None:
+    """The call's signature, or None when an argument is not a tensor (the checks then say which)."""
+    try:
+        signature = tuple([None if x is None else (x.dtype, x.shape, x.stride(), x.device) for x in tensors])
+        hash(signature)
+    except (AttributeError, TypeError):
+        return None
+    return signature
+
+
+def _plan(tensors: tuple) -> Callable:
+    """What runs validated `tensors`: the Triton kernel (CUDA, or the interpreter), the reference or nothing."""
+    values = tensors[1]
+    if values.numel() == 0:
+        return _nothing
+    if values.is_cuda or (_INTERPRET and values.dtype == torch.float32):
+        if GaeLaunch is None:
+            raise RuntimeError("compute_gae: CUDA tensors need Triton, which is not installed")
+        return GaeLaunch(tensors)
+    return _reference
+
+
+def _reference(tensors: tuple, pointers: list[int], gamma: float, lam: float) -> None:
+    gae_reference(*tensors[:6], gamma, lam, *tensors[6:])
+
+
+def _nothing(tensors: tuple, pointers: list[int], gamma: float, lam: float) -> None:
+    pass
 
 
 def check_flags_and_bootstrap(
@@ -105,60 +153,11 @@ def check_flags_and_bootstrap(
             )
 
 
-def _looks_valid(inputs: tuple, gamma: object, lam: object, advantages: object, returns: object) -> bool:
-    """The fast check, a few plain comparisons per tensor: every call pays for it (2.5 us on a 2-core CPU).
-
-    Anything that is not a tensor fails an attribute read or a dtype comparison below and takes the
-    slow path, which names the problem: no isinstance() per argument."""
-    rewards, values, terminateds, truncateds, bootstrap_values, last_value = inputs
-    try:
-        shape, device, dtype = values.shape, values.device, values.dtype
-        if len(shape) != 2 or not (dtype is torch.float32 or (dtype is torch.float64 and device.type == "cpu")):
-            return False
-        if type(gamma) is not float or type(lam) is not float or not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-            return False
-        if truncateds is not None and bootstrap_values is None:
-            return False
-        if bootstrap_values is not None and last_value is not None:
-            return False
-        if not (rewards.dtype is dtype and rewards.shape == shape and rewards.device == device):
-            return False
-        for flags in (terminateds, truncateds):
-            if flags is not None and not (flags.dtype in FLAG_DTYPES and flags.shape == shape
-                                          and flags.device == device):
-                return False
-        for x in (bootstrap_values, advantages, returns):
-            if x is not None and not (x.dtype is dtype and x.shape == shape and x.device == device):
-                return False
-        if last_value is not None and not (
-            last_value.dtype is dtype and last_value.shape == shape[:1] and last_value.device == device
-        ):
-            return False
-        if advantages is None and returns is None:
-            return True
-        # Outputs must own their elements and not overlap an input or each other (a kernel reading
-        # values[t+1] after another program wrote there would be silently wrong). Checking the first
-        # element's address catches the usual mistake, passing an input as an output.
-        pointers = [x.data_ptr() for x in inputs if x is not None]
-        for out in (advantages, returns):
-            if out is not None:
-                if 0 in out.stride() and out.numel() > 1:
-                    return False
-                pointer = out.data_ptr()
-                if pointer in pointers and out.numel() > 0:
-                    return False
-                pointers.append(pointer)
-    except AttributeError:  # not a tensor
-        return False
-    return True
-
-
-def _check_thoroughly(
-    inputs: tuple, gamma: object, lam: object, advantages: object, returns: object
-) -> tuple[float, float]:
-    """The slow check, run when the fast one failed: say what the problem is, or return `gamma`
-    and `lam` as floats when there is none (an int or numpy `gamma` takes this path)."""
-    rewards, values, terminateds, truncateds, bootstrap_values, last_value = inputs
+def _check_thoroughly(tensors: tuple, gamma: object, lam: object) -> tuple[float, float]:
+    """Every check, run for a new signature or unusual scalars: say what the problem is, or return
+    `gamma` and `lam` as floats when there is none (an int or numpy `gamma` takes this path)."""
+    rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
+    inputs = tensors[:6]
     _check_tensor("values", values)
     if values.dim() != 2:
         raise ValueError(f"compute_gae: `values` must be 2-D [num_envs, seq_len], got shape {tuple(values.shape)}")

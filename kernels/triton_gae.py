@@ -10,7 +10,7 @@ they have it and their exact start advantage once they know it.
 
 The math and the look-back protocol are explained in `kernels/README.md`; arguments were validated
 by `kernels.gae.compute_gae`. The host side launches through a cache of compiled kernels (see
-`_launch`), because Triton's generic launch path costs about 0.7 us per argument on a slow host.
+`GaeLaunch`), because Triton's generic launch path costs about 0.7 us per argument on a slow host.
 """
 
 from __future__ import annotations
@@ -370,6 +370,108 @@ def plan(
     return block_n, block_t, num_chunks, grid, num_warps
 
 
+class GaeLaunch:
+    """One launch of the kernel, planned from the tensors' metadata alone: tile, grid, warps,
+    strides, constexprs. `compute_gae` keeps one per validated signature (shapes, strides, dtypes,
+    devices), so a training loop plans once and every later call only reads data pointers.
+
+    `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
+    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
+    chunks a look-back round reads) and `quads` (scan as four interleaved quarters, where
+    `uses_quads` allows it) are tuning knobs. `inclusive_every > 1` is for tests only: most
+    chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
+    """
+
+    def __init__(
+        self,
+        tensors: tuple,
+        max_block_t: int = MAX_BLOCK_T,
+        block: tuple[int, int] | None = None,
+        num_warps: int | None = None,
+        window: int | None = None,
+        inclusive_every: int = 1,
+        quads: bool | None = None,
+    ):
+        rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
+        num_envs, num_steps = values.shape
+        self.device = values.device
+        # Which of the call's eight tensors fills each of the kernel's first eight pointer slots:
+        # absent optional tensors are stood in for by one the kernel will not read (their constexpr
+        # mode says so), so every slot holds a valid pointer.
+        self.slots = (0, 1, 2, 2 if truncateds is None else 3, 1 if bootstrap_values is None else 4,
+                      1 if last_value is None else 5, 6, 7)
+        truncated = truncateds if truncateds is not None else terminateds
+        if bootstrap_values is not None:
+            bootstrap_mode, bootstrap = BOOTSTRAP_TENSOR, bootstrap_values
+        else:
+            bootstrap_mode = BOOTSTRAP_NONE if last_value is None else BOOTSTRAP_LAST_VALUE
+            bootstrap = values
+        stride_vn, stride_vt = values.stride()
+        time_major = stride_vn == 1 and stride_vt != 1
+        block_n, block_t, num_chunks, self.grid, self.num_warps = plan(
+            num_envs, num_steps, time_major, max_block_t, block, num_warps)
+        self.chunked = num_chunks > 1
+        self.state_words = 3 * self.grid * block_n
+        flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t))
+        lv = last_value if last_value is not None else values
+        self.ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
+                     *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
+        # Unchunked tiles have no look-back: window 1 keeps one compiled kernel for them.
+        window = 1 if not self.chunked else look_back_window(block_n, num_chunks) if window is None else window
+        quads = uses_quads(time_major, block_n, block_t, num_chunks, self.num_warps, prefer=quads)
+        self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
+                           inclusive_every, quads)
+        # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
+        # on (see `_compiled`).
+        self.key = (self.device, self.num_warps, self.constexprs, terminateds.dtype, truncated.dtype, self.ints)
+        self.kernel = None  # the compiled kernel, once known
+
+    def __call__(self, tensors: tuple, pointers: list[int], gamma: float, lam: float) -> None:
+        """Launch on `tensors` (the eight of the signature this launch was planned for), whose
+        `data_ptr()`s are `pointers` (0 for an absent tensor)."""
+        kernel_pointers = [pointers[i] for i in self.slots]
+        if not self.chunked:
+            kernel_pointers.append(kernel_pointers[1])  # the look-back state: unused
+            self._launch(tensors, kernel_pointers, None, (gamma, gamma * lam, 1))
+            return
+        # The look-back state is reused from call to call (see `_look_back_state`); the bookkeeping
+        # and the launch stay together so that epochs follow the order of launches on the stream.
+        with _state_lock:
+            state, epoch = _look_back_state(self.device, self.state_words)
+            kernel_pointers.append(state.data_ptr())
+            self._launch(tensors, kernel_pointers, state, (gamma, gamma * lam, epoch))
+
+    def _launch(self, tensors: tuple, pointers: list[int], state: torch.Tensor | None, floats: tuple) -> None:
+        aligned = functools.reduce(operator.or_, pointers) % 16 == 0
+        kernel = None
+        if aligned:
+            kernel = self.kernel = self.kernel or _compiled.get(self.key)
+        if kernel is not None and _on_current_device(self.device):
+            # The direct path: what JITFunction.run does once it has found the compiled kernel.
+            stream = triton.runtime.driver.active.get_current_stream(self.device.index)
+            args = (*pointers, *self.ints, *floats, *self.constexprs)
+            enter_hook, exit_hook = _active(_knobs.runtime.launch_enter_hook), _active(_knobs.runtime.launch_exit_hook)
+            # Launch metadata only feeds the enter hook (profilers); building it costs microseconds.
+            metadata = kernel.launch_metadata((self.grid, 1, 1), stream, *args) if enter_hook is not None else None
+            kernel.run(self.grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata, enter_hook,
+                       exit_hook, *args)
+            return
+        kernel_tensors = [tensors[i] for i in self.slots]
+        kernel_tensors.append(state if state is not None else tensors[1])
+        constexpr_kwargs = dict(zip(_CONSTEXPR_NAMES, self.constexprs, strict=True))
+        if self.device.type != "cuda":  # Triton's CPU interpreter
+            _gae_kernel[(self.grid,)](*kernel_tensors, *self.ints, *floats, **constexpr_kwargs,
+                                      num_warps=self.num_warps)
+            return
+        with torch.cuda.device(self.device):
+            kernel = _gae_kernel[(self.grid,)](*kernel_tensors, *self.ints, *floats, **constexpr_kwargs,
+                                               num_warps=self.num_warps)
+        if aligned and _knobs is not None and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata"):
+            if len(_compiled) >= _MAX_COMPILED:
+                _compiled.clear()
+            _compiled[self.key] = kernel
+
+
 def launch_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -381,52 +483,13 @@ def launch_gae(
     lam: float,
     advantages: torch.Tensor,
     returns: torch.Tensor,
-    max_block_t: int = MAX_BLOCK_T,
-    block: tuple[int, int] | None = None,
-    num_warps: int | None = None,
-    window: int | None = None,
-    inclusive_every: int = 1,
-    quads: bool | None = None,
+    **options,
 ) -> None:
-    """Run the kernel on validated `[N, T]` tensors, writing `advantages` and `returns`.
-
-    `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
-    at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
-    chunks a look-back round reads) and `quads` (scan as four interleaved quarters, where
-    `uses_quads` allows it) are tuning knobs. `inclusive_every > 1` is for tests only: most
-    chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
-    """
-    num_envs, num_steps = values.shape
-    truncated = truncateds if truncateds is not None else terminateds
-    if bootstrap_values is not None:
-        bootstrap_mode, bootstrap = BOOTSTRAP_TENSOR, bootstrap_values
-    else:
-        bootstrap_mode = BOOTSTRAP_NONE if last_value is None else BOOTSTRAP_LAST_VALUE
-        bootstrap = values
-    stride_vn, stride_vt = values.stride()
-    time_major = stride_vn == 1 and stride_vt != 1
-    block_n, block_t, num_chunks, grid, warps = plan(num_envs, num_steps, time_major, max_block_t, block, num_warps)
-    chunked = num_chunks > 1
-    flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t))
-    lv = last_value if last_value is not None else values
-    tensors = [rewards, values, terminateds, truncated, bootstrap, lv, advantages, returns, values]
-    ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
-            *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
-    # Unchunked tiles have no look-back: window 1 keeps one compiled kernel, and this launch path
-    # (every call pays it) skips the helper.
-    window = 1 if not chunked else look_back_window(block_n, num_chunks) if window is None else window
-    quads = uses_quads(time_major, block_n, block_t, num_chunks, warps, prefer=quads)
-    constexprs = (truncateds is not None, bootstrap_mode, chunked, flag_axis, block_n, block_t, window,
-                  inclusive_every, quads)
-    floats = (gamma, gamma * lam)
-    if not chunked:
-        _launch(grid, warps, tensors, ints, (*floats, 1), constexprs)
-        return
-    # The look-back state is reused from call to call (see `_look_back_state`); the bookkeeping
-    # and the launch stay together so that epochs follow the order of launches on the stream.
-    with _state_lock:
-        tensors[-1], epoch = _look_back_state(values.device, 3 * grid * block_n)
-        _launch(grid, warps, tensors, ints, (*floats, epoch), constexprs)
+    """Plan and run one launch on validated `[N, T]` tensors, writing `advantages` and `returns`.
+    `options` are `GaeLaunch`'s tuning knobs (tests and benchmark sweeps)."""
+    tensors = (rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns)
+    pointers = [0 if x is None else x.data_ptr() for x in tensors]
+    GaeLaunch(tensors, **options)(tensors, pointers, gamma, lam)
 
 
 def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, num_warps: int,
@@ -512,34 +575,6 @@ _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
                     "INCLUSIVE_EVERY", "QUADS")
-
-
-def _launch(grid: int, num_warps: int, tensors: list, ints: tuple, floats: tuple, constexprs: tuple) -> None:
-    pointers = [x.data_ptr() for x in tensors]
-    device = tensors[1].device
-    aligned = functools.reduce(operator.or_, pointers) % 16 == 0
-    key = (device, num_warps, constexprs, tensors[2].dtype, tensors[3].dtype, ints)
-    kernel = _compiled.get(key) if aligned else None
-    if kernel is not None and _on_current_device(device):
-        # The direct path: what JITFunction.run does once it has found the compiled kernel.
-        stream = triton.runtime.driver.active.get_current_stream(device.index)
-        args = (*pointers, *ints, *floats, *constexprs)
-        enter_hook, exit_hook = _active(_knobs.runtime.launch_enter_hook), _active(_knobs.runtime.launch_exit_hook)
-        # Launch metadata only feeds the enter hook (profilers); building it costs microseconds.
-        metadata = kernel.launch_metadata((grid, 1, 1), stream, *args) if enter_hook is not None else None
-        kernel.run(grid, 1, 1, stream, kernel.function, kernel.packed_metadata, metadata, enter_hook, exit_hook,
-                   *args)
-        return
-    constexpr_kwargs = dict(zip(_CONSTEXPR_NAMES, constexprs, strict=True))
-    if device.type != "cuda":  # Triton's CPU interpreter
-        _gae_kernel[(grid,)](*tensors, *ints, *floats, **constexpr_kwargs, num_warps=num_warps)
-        return
-    with torch.cuda.device(device):
-        kernel = _gae_kernel[(grid,)](*tensors, *ints, *floats, **constexpr_kwargs, num_warps=num_warps)
-    if aligned and _knobs is not None and hasattr(kernel, "packed_metadata") and hasattr(kernel, "launch_metadata"):
-        if len(_compiled) >= _MAX_COMPILED:
-            _compiled.clear()
-        _compiled[key] = kernel
 
 
 def _active(hook):

@@ -11,6 +11,8 @@ from kernels import compute_gae
 @pytest.fixture(params=["reference", "kernel"])
 def device(request, monkeypatch):
     """The device to put tensors on; with "reference", compute_gae is forced onto the torch path."""
+    # An empty cache of planned calls: what runs a signature was decided under the other setting.
+    monkeypatch.setattr(kernels.gae, "_runs", {})
     if request.param == "reference":
         monkeypatch.setattr(kernels.gae, "_INTERPRET", False)
         return "cpu"

@@ -51,20 +51,45 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.parametrize("after_a_good_call", [False, True], ids=["first_call", "after_a_good_call"])
 @pytest.mark.parametrize("case,overrides,error,message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_raises_naming_the_argument(case, overrides, error, message):
+def test_bad_input_raises_naming_the_argument(case, overrides, error, message, after_a_good_call):
+    # After a good call, a bad one with the same tensor signature (bad scalars) finds it among the
+    # validated ones: it must still be refused.
+    if after_a_good_call:
+        good = rollout()
+        compute_gae(**good, advantages=torch.empty(3, 8), returns=torch.empty(3, 8))
     args = rollout(**overrides)
     with pytest.raises(error, match=message):
         compute_gae(**args)
 
 
-def test_outputs_must_not_alias_inputs_or_each_other():
+@pytest.mark.parametrize("after_a_good_call", [False, True], ids=["first_call", "after_a_good_call"])
+def test_outputs_must_not_alias_inputs_or_each_other(after_a_good_call):
     args = rollout()
-    with pytest.raises(ValueError, match="`advantages` must not share memory with an input"):
-        compute_gae(**args, advantages=args["rewards"])
+    if after_a_good_call:  # the same signature as the bad calls below
+        compute_gae(**args, advantages=torch.empty(3, 8), returns=torch.empty(3, 8))
+    for name in ("rewards", "values", "bootstrap_values"):
+        with pytest.raises(ValueError, match="`advantages` must not share memory with an input"):
+            compute_gae(**args, advantages=args[name])
+        with pytest.raises(ValueError, match="`returns` must not share memory with an input"):
+            compute_gae(**args, returns=args[name])
     out = torch.empty(3, 8)
     with pytest.raises(ValueError, match="`advantages` and `returns` must not share memory"):
         compute_gae(**args, advantages=out, returns=out)
+
+
+def test_a_tensor_reshaped_in_place_after_a_good_call_is_checked_again():
+    args = rollout()
+    compute_gae(**args)
+    args["rewards"].resize_(3, 7)
+    with pytest.raises(ValueError, match=r"`rewards` must have shape \(3, 8\)"):
+        compute_gae(**args)
+    args = rollout(truncateds=None, bootstrap_values=None, last_value=torch.zeros(3))
+    compute_gae(**args)
+    args["last_value"].unsqueeze_(1)
+    with pytest.raises(ValueError, match=r"`last_value` must have shape \(3,\)"):
+        compute_gae(**args)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
