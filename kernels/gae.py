@@ -66,8 +66,7 @@ def compute_gae(
         advantages = torch.empty_like(values) if advantages is None else advantages
         returns = torch.empty_like(values) if returns is None else returns
     tensors = (rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns)
-    signature = _signature(tensors)
-    run = _runs.get(signature) if signature is not None else None
+    signature, run = _lookup(tensors)
     plain_scalars = type(gamma) is float and type(lam) is float and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0
     if run is None or not plain_scalars:
         gamma, lam = _check_thoroughly(tensors, gamma, lam)
@@ -101,14 +100,14 @@ _runs: dict[tuple, Callable] = {}
 _MAX_RUNS = 1024
 
 
-def _signature(tensors: tuple) -> tuple | None:
-    """The call's signature, or None when an argument is not a tensor (the checks then say which)."""
+def _lookup(tensors: tuple) -> tuple[tuple | None, Callable | None]:
+    """`(signature, what runs it)`: the run is None for a signature not seen yet, and the signature
+    is None when an argument is not a tensor (the checks then say which)."""
     try:
         signature = tuple([None if x is None else (x.dtype, x.shape, x.stride(), x.device) for x in tensors])
-        hash(signature)
-    except (AttributeError, TypeError):
-        return None
-    return signature
+        return signature, _runs.get(signature)
+    except (AttributeError, TypeError):  # no such attribute, or an unhashable stand-in
+        return None, None
 
 
 def _plan(tensors: tuple) -> Callable:
