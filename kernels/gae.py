@@ -2,7 +2,9 @@
 
 CUDA tensors run the Triton kernel; CPU tensors run the pure-torch reference, or the Triton
 kernel under Triton's interpreter when `TRITON_INTERPRET=1` was set before import (that is how
-CI tests the kernel without a GPU). The semantics are documented in `kernels/README.md`.
+CI tests the kernel without a GPU). Both decisions, and the argument checks, are made once per
+call signature (see `_runs`): a training loop's repeated calls pay only for a lookup, the scalar
+checks and the launch. The semantics are documented in `kernels/README.md`.
 """
 
 from __future__ import annotations
