@@ -87,6 +87,7 @@ def compute_gae(
     inputs_at = pointers[:6]
     if pointers[6] in inputs_at or pointers[7] in inputs_at or pointers[6] == pointers[7]:
         _check_thoroughly(tensors, gamma, lam)  # raises, naming the output
+        raise ValueError("compute_gae: an output shares memory with an input or the other output")  # not reached
     if _CORRECTNESS_CHECKS:
         check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
     run(tensors, pointers, gamma, lam)
