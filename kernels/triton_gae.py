@@ -377,8 +377,9 @@ class GaeLaunch:
 
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
     at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
-    chunks a look-back round reads) and `quads` (scan as four interleaved quarters, where
-    `uses_quads` allows it) are tuning knobs. `inclusive_every > 1` is for tests only: most
+    chunks a look-back round reads), `quads` (scan as four interleaved quarters, where
+    `uses_quads` allows it) and `maxnreg` (a cap on registers per thread, CUDA only: more resident
+    programs per SM, at the price of spills) are tuning knobs. `inclusive_every > 1` is for tests only: most
     chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
     """
 
@@ -391,6 +392,7 @@ class GaeLaunch:
         window: int | None = None,
         inclusive_every: int = 1,
         quads: bool | None = None,
+        maxnreg: int | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -423,7 +425,9 @@ class GaeLaunch:
                            inclusive_every, quads)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
-        self.key = (self.device, self.num_warps, self.constexprs, terminateds.dtype, truncated.dtype, self.ints)
+        self.maxnreg = maxnreg
+        self.key = (self.device, self.num_warps, maxnreg, self.constexprs, terminateds.dtype, truncated.dtype,
+                    self.ints)
         self.kernel = None  # the compiled kernel, once known
 
     def __call__(self, tensors: tuple, pointers: list[int], gamma: float, lam: float) -> None:
@@ -463,6 +467,8 @@ class GaeLaunch:
             _gae_kernel[(self.grid,)](*kernel_tensors, *self.ints, *floats, **constexpr_kwargs,
                                       num_warps=self.num_warps)
             return
+        if self.maxnreg is not None:
+            constexpr_kwargs["maxnreg"] = self.maxnreg
         with torch.cuda.device(self.device):
             kernel = _gae_kernel[(self.grid,)](*kernel_tensors, *self.ints, *floats, **constexpr_kwargs,
                                                num_warps=self.num_warps)

@@ -228,8 +228,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
-                             "followed by @WINDOW (look-back chunks read per round) and :quads or :whole "
-                             "(the four-quarter scan on or off)")
+                             "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
+                             "registers per thread) and :quads or :whole (the four-quarter scan on or off)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
@@ -309,13 +309,15 @@ def sweep_tiles(args) -> None:
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][:quads|:whole]' or 'default[...]' -> `launch_gae` tuning options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole]' or 'default[...]' -> `launch_gae` tuning options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
-    (chunks read per round); :quads / :whole forces the four-quarter scan on or off."""
+    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`); :quads /
+    :whole forces the four-quarter scan on or off."""
     label, _, scan = label.partition(":")
+    label, _, regs = label.partition("#")
     label, _, window = label.partition("@")
-    options = {"window": int(window) if window else None}
+    options = {"window": int(window) if window else None, "maxnreg": int(regs) if regs else None}
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")
