@@ -414,13 +414,13 @@ class GaeLaunch:
             num_envs, num_steps, time_major, max_block_t, block, num_warps)
         self.chunked = num_chunks > 1
         self.state_words = 3 * self.grid * block_n
-        flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t))
         lv = last_value if last_value is not None else values
         self.ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
                      *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
         # Unchunked tiles have no look-back: window 1 keeps one compiled kernel for them.
         window = 1 if not self.chunked else look_back_window(block_n, num_chunks) if window is None else window
         quads = uses_quads(time_major, block_n, block_t, num_chunks, self.num_warps, prefer=quads)
+        flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t), quads)
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
@@ -528,10 +528,14 @@ def look_back_window(block_n: int, num_chunks: int) -> int:
 
 
 def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
-                   block: tuple[int, int]) -> int:
+                   block: tuple[int, int], quads: bool = False) -> int:
     """The axis along which the flag loads may be hinted 4-wide (`_flag_offsets`), or -1: the tile's
-    contiguous axis, where both flag tensors have stride 1 and the tile spans at least 4 elements."""
+    contiguous axis, where both flag tensors have stride 1 and the tile spans at least 4 elements.
+    Not an env-major tile scanned as quarters: each quarter holds every fourth step of a row, so
+    nothing in it is contiguous (the hint would let Triton load four of them as one word)."""
     axis = 0 if time_major else 1
+    if quads and not time_major:
+        return -1
     if block[axis] >= 4 and terminateds.stride(axis) == 1 and truncateds.stride(axis) == 1:
         return axis
     return -1

@@ -275,3 +275,6 @@ def test_flag_loads_are_hinted_only_where_flags_are_contiguous(time_major):
     other_layout = flags.T.contiguous().T if not time_major else flags.contiguous()
     assert triton_gae.flag_hint_axis(other_layout, flags, time_major, (128, 8)) == -1
     assert triton_gae.flag_hint_axis(flags, other_layout, time_major, (128, 8)) == -1
+    # quarters of an env-major tile hold every fourth step: not contiguous; time-major quarters keep the hint
+    tile = (128, 8) if time_major else (1, 1024)
+    assert triton_gae.flag_hint_axis(flags, flags, time_major, tile, quads=True) == (0 if time_major else -1)
