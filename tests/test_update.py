@@ -305,6 +305,20 @@ def test_compile_auto_means_cuda_only():
     assert not compiles(PPOSettings(compile=False), torch.device("cuda"))
 
 
+@pytest.mark.parametrize("capturable", [False, True])
+@pytest.mark.parametrize("kl, expected", [(0.05, 1e-3 / 1.5), (0.001, 1.5e-3), (0.01, 1e-3)])
+def test_adaptive_learning_rate_follows_the_kl(capturable, kl, expected):
+    # threshold 0.01: above 0.02 the rate drops by 1.5, below 0.005 it rises by 1.5, else it stays.
+    from ppo.update import adapt_learning_rate, current_learning_rate
+
+    agent = Agent(5, 2)
+    lr = torch.tensor(1e-3) if capturable else 1e-3
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, capturable=capturable)
+    adapt_learning_rate(optimizer, torch.tensor(kl), threshold=0.01)
+    assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor) == capturable
+    assert current_learning_rate(optimizer).item() == pytest.approx(expected, rel=1e-6)
+
+
 def test_adaptive_learning_rate_stays_within_rl_games_bounds():
     from ppo.update import MAX_ADAPTIVE_LR, MIN_ADAPTIVE_LR, adapt_learning_rate
 
