@@ -100,7 +100,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     minibatch_size = settings.batch_size // ppo.num_minibatches
     fallback = auto_fallback_note(ppo, agent, device, workers.world_size, minibatch_size)  # printed below
     ppo = dataclasses.replace(ppo, fused_update=fuses(ppo, agent, device, workers.world_size, minibatch_size))
-    compiled_loss = compiles(ppo, device) and not ppo.fused_update
+    # `ppo.compile=auto` decided once, for what is left of the run; the settings carry the answer.
+    compiled_loss = compiles(ppo, device, settings.total_timesteps - global_step) and not ppo.fused_update
+    ppo = dataclasses.replace(ppo, compile=compiled_loss)
     # On a GPU the compiled loss runs the actor and critic side by side (fewer kernels per step); on a
     # CPU that is slower, compiled or not (docs/benchmarks.md).
     agent.set_side_by_side(compiled_loss and device.type == "cuda")

@@ -54,7 +54,7 @@ class PPOSettings:
     normalize_values: bool = False  # the critic learns returns in units of their running mean/std (rl_games)
     observation_clip: float = 10.0
     reward_clip: float = 10.0
-    compile: bool | str = "auto"  # torch.compile the update; auto: only on CUDA (see ppo.update.compiles)
+    compile: bool | str = "auto"  # torch.compile the update; auto: CUDA, and long CPU runs (ppo.update.compiles)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
     # each minibatch step as two Triton kernels (ppo.fused_update): auto (on one CUDA device wherever the
     # model allows it; see ppo.fused_update.fuses), true (an error where it cannot run) or false

@@ -9,6 +9,11 @@ compiled loss on a CPU, the plain loop runs each step as one compiled function (
 
 from __future__ import annotations
 
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -60,12 +65,31 @@ def ppo_loss(agent: Agent, mb: Minibatch, settings: PPOSettings) -> tuple[torch.
 _compiled_loss = None
 
 
-def compiles(settings: PPOSettings, device: torch.device) -> bool:
-    """Whether the update is torch.compile'd. `auto` means on CUDA only. On a CPU, `true` compiles the
-    whole minibatch step (`compiles_whole_step`; it needs a C++ compiler): much faster, but Ant-v4
-    scored lower with it than eager over all runs (not when both ran side by side), so it is not
-    the default yet. The numbers on both devices are in docs/benchmarks.md."""
-    return device.type == "cuda" if settings.compile == "auto" else bool(settings.compile)
+# On a CPU the compile (~10-15 s on 2 cores) pays from ~150k steps: the whole compiled step trains
+# Ant-v4 ~1.5x faster than eager on the 2-core machine (docs/benchmarks.md). The margin allows for
+# slower compilers, and keeps tests and smoke runs eager.
+CPU_COMPILE_MIN_STEPS = 300_000
+
+
+def compiles(settings: PPOSettings, device: torch.device, steps: int | None = None) -> bool:
+    """Whether the update is torch.compile'd. `auto`: always on CUDA; on a CPU when at least
+    `CPU_COMPILE_MIN_STEPS` `steps` are left to train and a C++ compiler is installed (the CPU backend
+    builds C++), where the whole minibatch step is compiled (`compiles_whole_step`). Call it with
+    `steps` once per run (train.py stores the answer in the settings), so every part of the run
+    agrees. Speed and learning on both devices: docs/benchmarks.md."""
+    if settings.compile != "auto":
+        return bool(settings.compile)
+    if device.type == "cuda":
+        return True
+    return steps is not None and steps >= CPU_COMPILE_MIN_STEPS and has_cxx_compiler()
+
+
+def has_cxx_compiler() -> bool:
+    """Whether torch.compile's CPU backend can build here: a C++ compiler on the PATH (`$CXX`, g++,
+    c++ or clang++) and Python's C headers, which its generated code includes."""
+    names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    headers = Path(sysconfig.get_path("include")) / "Python.h"
+    return any(name and shutil.which(name) for name in names) and headers.is_file()
 
 
 def compiles_whole_step(settings: PPOSettings, device: torch.device) -> bool:

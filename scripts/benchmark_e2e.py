@@ -40,6 +40,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import train  # noqa: E402
 from ppo.config import settings_from_dict  # noqa: E402
+from ppo.update import compiles  # noqa: E402
 
 
 def raw_env_sps(env_id: str, num_envs: int, num_threads: int, steps: int, seed: int = 1) -> float:
@@ -86,6 +87,10 @@ def main() -> None:
         cfg = compose(config_name="train", overrides=overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
     device = train.resolve_device(args.device)
+    if config["ppo"]["compile"] == "auto":
+        # What `auto` means for the configured run (on a CPU it depends on the run's length), not for
+        # the few iterations measured here.
+        config["ppo"]["compile"] = compiles(settings_from_dict(config).ppo, device, config["total_timesteps"])
     config.update(device=str(device), log_every_s=1e9, checkpoint={"every": 0})
     batch = config["env"]["num_envs"] * config["ppo"]["num_steps"]
     config["total_timesteps"] = batch * (args.warmup + args.iterations)
@@ -95,7 +100,8 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "-"
     print(f"# {env.id}, {env.num_envs} envs x {settings.ppo.num_steps} steps, {settings.ppo.update_epochs} epochs x "
-          f"{settings.ppo.num_minibatches} minibatches; device {device} ({gpu}); {os.cpu_count()} CPUs ({cpu}); "
+          f"{settings.ppo.num_minibatches} minibatches, ppo.compile={settings.ppo.compile}; device {device} ({gpu}); "
+          f"{os.cpu_count()} CPUs ({cpu}); "
           f"torch {torch.__version__}; {time.strftime('%Y-%m-%d')}", flush=True)
     raw_steps = max(200, 20000 // env.num_envs)
     raw_before = raw_env_sps(env.id, env.num_envs, env.num_threads, steps=raw_steps)

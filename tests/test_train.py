@@ -30,7 +30,7 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     assert result.returncode == 0, result.stderr
     assert "step 512/512" in result.stdout and "SPS" in result.stdout
     assert "finished at step 512: " in result.stdout and str(tmp_path) in result.stdout  # the closing line
-    assert "compiled update" not in result.stdout, "ppo.compile=auto must not compile on a CPU"
+    assert "compiled update" not in result.stdout, "ppo.compile=auto must not compile a short CPU run"
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
     checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)

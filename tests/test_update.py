@@ -297,12 +297,35 @@ def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     assert optimizer.param_groups[0]["lr"] is rate and abs(float(rate) - 2e-4) < 1e-9  # filled in place
 
 
-def test_compile_auto_means_cuda_only():
-    from ppo.update import compiles
+def test_compile_auto_means_cuda_and_long_cpu_runs(monkeypatch):
+    from ppo import update
+    from ppo.update import CPU_COMPILE_MIN_STEPS, compiles
 
-    assert compiles(PPOSettings(), torch.device("cuda")) and not compiles(PPOSettings(), torch.device("cpu"))
-    assert compiles(PPOSettings(compile=True), torch.device("cpu"))
-    assert not compiles(PPOSettings(compile=False), torch.device("cuda"))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiles(PPOSettings(), cuda) and not compiles(PPOSettings(), cpu)
+    monkeypatch.setattr(update, "has_cxx_compiler", lambda: True)
+    assert compiles(PPOSettings(), cpu, CPU_COMPILE_MIN_STEPS) and not compiles(PPOSettings(), cpu, 150_000)
+    monkeypatch.setattr(update, "has_cxx_compiler", lambda: False)  # nothing to build the CPU code with
+    assert not compiles(PPOSettings(), cpu, 10 * CPU_COMPILE_MIN_STEPS)
+    assert compiles(PPOSettings(compile=True), cpu, 1)
+    assert not compiles(PPOSettings(compile=False), cuda, 10 * CPU_COMPILE_MIN_STEPS)
+
+
+def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
+    import sysconfig
+
+    from ppo.update import has_cxx_compiler
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    assert not has_cxx_compiler()
+    compiler = tmp_path / "my-c++"
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", "my-c++")
+    assert has_cxx_compiler()  # (this machine has Python's headers: the CPU tests compile the loss)
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(tmp_path))  # a Python without its headers
+    assert not has_cxx_compiler()
 
 
 @pytest.mark.parametrize("capturable", [False, True])
