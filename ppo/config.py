@@ -22,6 +22,9 @@ class EnvSettings:
     # the policy acts for the next (ppo.collect). 1: one simulator, stepped in lockstep; auto: 2 on
     # CUDA where num_envs is even, else 1 (ppo.envs.env_groups says why)
     groups: int | str = "auto"
+    # Pin envpool's worker threads, one per CPU (envpool's thread_affinity_offset). auto: on a CPU
+    # run whose threads number the machine's CPUs, all usable by this one process (ppo.envs.pins_threads)
+    pin_threads: bool | str = "auto"
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
@@ -226,5 +229,8 @@ def _validate(s: TrainSettings) -> None:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
         raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
+    if s.env.pin_threads is True and s.env.backend != "envpool":
+        raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
+                          f"{s.env.backend} (use auto or false)")
     if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):
         raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {s.device!r}")

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ppo import distributed
 from ppo.config import ConfigError, EnvSettings
 
 
@@ -125,21 +126,48 @@ def env_groups(settings: EnvSettings, device: torch.device) -> int:
     return 2 if device.type == "cuda" and settings.num_envs % 2 == 0 else 1
 
 
+def envpool_threads(settings: EnvSettings) -> int:
+    """`env.num_threads` resolved: 0 means one thread per env, up to the CPU count."""
+    return settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
+
+
+def pins_threads(settings: EnvSettings, device: torch.device) -> bool:
+    """`env.pin_threads` resolved. Pinned, each envpool worker thread keeps one CPU.
+
+    `auto` pins on a CPU run whose envpool threads number the machine's CPUs, all of them usable by
+    this one process. There the training loop's own work lands on a core a worker also needs: on the
+    2-core machine, ~0.9 ms of busy work between steps slowed unpinned steps by ~25%, and pinned ones
+    not at all (docs/benchmarks.md). Not where several runs or workers share the machine (threads
+    fewer than CPUs, a restricted CPU set, data-parallel workers): envpool pins thread i to CPU i
+    in every process, which would stack their threads on the same cores. Not on a GPU run, where
+    it is not measured."""
+    if settings.pin_threads != "auto":
+        return bool(settings.pin_threads)
+    if settings.backend != "envpool" or device.type != "cpu" or distributed.active():
+        return False
+    cpus = os.cpu_count() or 1
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(cpus))
+    return usable == set(range(cpus)) and envpool_threads(settings) == cpus
+
+
 def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
     """Start `settings.num_envs` environments of `settings.id` (call `check_env_id` first), as
-    `env_groups(settings, device)` simulators."""
+    `env_groups(settings, device)` simulators; pinned (`pins_threads`), simulator g's threads take
+    the CPUs after those of the simulators before it."""
     groups = env_groups(settings, device)
+    pinned = pins_threads(settings, device)
     if groups == 1:
-        return _make_simulator(settings, device, seed)
+        return _make_simulator(settings, device, seed, 0 if pinned else -1)
     size = settings.num_envs // groups
-    threads = settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
-    member = dataclasses.replace(settings, num_envs=size, groups=1, num_threads=max(1, threads // groups))
-    return EnvGroups([_make_simulator(member, device, seed + g * size) for g in range(groups)])
+    threads = max(1, envpool_threads(settings) // groups)
+    member = dataclasses.replace(settings, num_envs=size, groups=1, num_threads=threads)
+    return EnvGroups([_make_simulator(member, device, seed + g * size, g * threads if pinned else -1)
+                      for g in range(groups)])
 
 
-def _make_simulator(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
+def _make_simulator(settings: EnvSettings, device: torch.device, seed: int, first_cpu: int) -> VecEnv:
     if settings.backend == "envpool":
-        return EnvpoolEnvs(settings, device, seed)
+        return EnvpoolEnvs(settings, device, seed, first_cpu)
     return GymnasiumEnvs(settings, device)
 
 
@@ -195,12 +223,14 @@ class _TensorEnvs:
 
 
 class EnvpoolEnvs(_TensorEnvs):
-    def __init__(self, settings: EnvSettings, device: torch.device, seed: int):
+    """`first_cpu` >= 0 pins worker thread i to CPU `first_cpu + i` (modulo the CPU count); -1 leaves
+    them to the OS."""
+
+    def __init__(self, settings: EnvSettings, device: torch.device, seed: int, first_cpu: int = -1):
         import envpool
 
-        threads = settings.num_threads or min(settings.num_envs, os.cpu_count() or 1)
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
-                           num_threads=threads)
+                           num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
         super().__init__(env, settings.num_envs, env.observation_space, env.action_space, device)
         self._env_ids = np.arange(settings.num_envs, dtype=np.int32)
 

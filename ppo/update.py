@@ -114,38 +114,35 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
                generator: torch.Generator, step: CompiledStep | None = None) -> dict[str, torch.Tensor]:
     """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
     `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it). With
-    `step`, each minibatch's loss, backward, clipping and Adam step is that one compiled function."""
+    `step`, each minibatch's gather, loss, backward, clipping and Adam step is that one compiled
+    function. The minibatches are `buffer.minibatches`': one permutation per epoch."""
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
-    minibatches = buffer.minibatches(settings.num_minibatches, generator, settings.norm_adv == "batch",
-                                     settings.update_epochs)
+    table = buffer.sample_table(settings.norm_adv == "batch")
     loss_function = _loss_function(settings, buffer.device)
     parameters = list(agent.parameters())
     adaptive = settings.adaptive_lr_kl is not None
-    epoch_kl = torch.zeros((), device=buffer.device)  # summed only for the adaptive rate (off the hot path otherwise)
-    for index, mb in enumerate(minibatches):
-        if step is not None:
-            stats = step(mb)
-        else:
-            loss, stats = loss_function(agent, mb, settings)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.average_gradients(parameters)  # data parallel: every worker takes the same step
-            nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
-            optimizer.step()
-        total += stats
-        if adaptive:
-            epoch_kl += stats[3]
-        count += 1
-        if (index + 1) % settings.num_minibatches == 0:  # an epoch ends
-            epochs += 1
-            if adaptive:  # workers agree on the KL, so on the rate
-                adapt_learning_rate(optimizer, distributed.mean_over_workers(epoch_kl / settings.num_minibatches),
-                                    settings.adaptive_lr_kl)
-                epoch_kl.zero_()
-            # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
-            if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
-                break
+    for _ in range(settings.update_epochs):
+        epoch_total = total.clone() if adaptive else None  # the epoch's KL, read off `total` after it
+        for rows in buffer.shuffled_order(settings.num_minibatches, generator):
+            if step is not None:
+                stats = step(table, rows, total)
+            else:
+                loss, stats = loss_function(agent, table.select(rows), settings)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                distributed.average_gradients(parameters)  # data parallel: every worker takes the same step
+                nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
+                optimizer.step()
+                total += stats
+            count += 1
+        epochs += 1
+        if adaptive:  # workers agree on the KL, so on the rate
+            epoch_kl = (total[3] - epoch_total[3]) / settings.num_minibatches
+            adapt_learning_rate(optimizer, distributed.mean_over_workers(epoch_kl), settings.adaptive_lr_kl)
+        # target-KL: one host sync per epoch, only when asked for (workers agree on the mean KL)
+        if settings.target_kl is not None and distributed.mean_over_workers(stats[3]).item() > settings.target_kl:
+            break
     return update_result(total, count, epochs, buffer)
 
 

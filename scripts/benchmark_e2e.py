@@ -6,7 +6,8 @@
 Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
 1. raw: envpool stepping with random actions, same num_envs and threads, no learning; measured
    before and after ours (the lent GPU host's rate drifts by 20-30% between runs), and the ratio
-   taken against their mean;
+   taken against their mean; threads pinned as training pins them (`env.pin_threads`), and the
+   other way once more at the end, so neither setting's raw rate is hidden;
 2. ours: `train.train()` as `python train.py` runs it; steady state = median `time/iteration`
    after the warm-up iterations, with the median time breakdown (env, inference, GAE, update);
 3. CleanRL-style: scripts/cleanrl_reference.py with the same network, batch and minibatches, in two
@@ -39,15 +40,17 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import train  # noqa: E402
-from ppo.config import settings_from_dict  # noqa: E402
+from ppo.config import EnvSettings, settings_from_dict  # noqa: E402
+from ppo.envs import envpool_threads, pins_threads  # noqa: E402
 from ppo.update import compiles  # noqa: E402
 
 
-def raw_env_sps(env_id: str, num_envs: int, num_threads: int, steps: int, seed: int = 1) -> float:
+def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> float:
     import envpool
 
-    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed,
-                        num_threads=num_threads or min(num_envs, os.cpu_count() or 1))
+    envs = envpool.make(env.id, env_type="gymnasium", num_envs=env.num_envs, seed=seed,
+                        num_threads=envpool_threads(env), thread_affinity_offset=0 if pinned else -1)
+    num_envs = env.num_envs
     envs.reset()
     low, high = envs.action_space.low, envs.action_space.high
     rng = np.random.default_rng(seed)
@@ -104,13 +107,20 @@ def main() -> None:
           f"{os.cpu_count()} CPUs ({cpu}); "
           f"torch {torch.__version__}; {time.strftime('%Y-%m-%d')}", flush=True)
     raw_steps = max(200, 20000 // env.num_envs)
-    raw_before = raw_env_sps(env.id, env.num_envs, env.num_threads, steps=raw_steps)
-    print(f"raw envpool, random actions:   {raw_before:10,.0f} steps/s", flush=True)
+    pinned = pins_threads(env, device)  # raw steps the envs as training does (env.pin_threads)
+    pinning = "pinned" if pinned else "unpinned"
+    raw_before = raw_env_sps(env, pinned, steps=raw_steps)
+    print(f"raw envpool, random actions:   {raw_before:10,.0f} steps/s ({envpool_threads(env)} threads, {pinning})",
+          flush=True)
     ours, breakdown = our_sps(settings, device, args.warmup)
-    raw_after = raw_env_sps(env.id, env.num_envs, env.num_threads, steps=raw_steps)
+    raw_after = raw_env_sps(env, pinned, steps=raw_steps)
     raw = (raw_before + raw_after) / 2
     print(f"raw envpool again, after ours: {raw_after:10,.0f} steps/s (mean {raw:,.0f})", flush=True)
     print(f"ours (steady state):           {ours:10,.0f} steps/s  = {ours / raw:5.1%} of raw (the mean)", flush=True)
+    # The other setting's raw rate too: the ratio above must not gain from a slower raw loop.
+    other = raw_env_sps(env, not pinned, steps=raw_steps)
+    print(f"raw envpool, {'unpinned' if pinned else 'pinned'} threads:  {other:10,.0f} steps/s -> ours is "
+          f"{ours / other:5.1%} of it", flush=True)
     per_iteration = breakdown["time/iteration"]
     for tag in ("time/env", "time/inference", "time/gae", "time/update"):
         print(f"    {tag:16s} {breakdown[tag] * 1e3:9.2f} ms/iteration ({breakdown[tag] / per_iteration:6.2%})")

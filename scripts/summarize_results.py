@@ -104,7 +104,7 @@ def _wall_clock_s(path: Path) -> float:
 # Overrides that change how or where a run executes, not what it learns (or that are its task and
 # budget, grouped on their own): runs differing only in these pool as seeds of one row.
 EXECUTION_KEYS = {"seed", "device", "log_every_s", "resume", "torch_threads", "total_timesteps", "env", "env.id",
-                  "env.num_threads", "env.groups", "ppo.compile", "ppo.cuda_graphs"}
+                  "env.num_threads", "env.groups", "env.pin_threads", "ppo.compile", "ppo.cuda_graphs"}
 
 
 def _configuration(path: Path) -> str:

@@ -1,6 +1,8 @@
 """The collector and buffer on a toy environment with known values: dummy steps, truncation
 bootstraps and the advantages that come out, computed by hand."""
 
+import os
+
 import pytest
 import torch
 
@@ -334,3 +336,30 @@ def test_step_outputs_hold_what_the_simulator_returned(device):
         for tensor, array in zip(tensors, arrays, strict=True):
             expected = torch.from_numpy(array).to(tensor.dtype)
             assert torch.equal(tensor.cpu(), expected)
+
+
+def _threads_on_one_cpu() -> set[str]:
+    """This process's threads whose CPU set is a single CPU (Linux), as `tid:cpu`."""
+    import glob
+
+    pinned = set()
+    for status in glob.glob("/proc/self/task/*/status"):
+        with open(status) as f:
+            allowed = next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
+        if allowed.isdigit():
+            pinned.add(f"{status.split('/')[4]}:{allowed}")
+    return pinned
+
+
+@pytest.mark.skipif(not _envpool_has("Pendulum-v1") or not os.path.exists("/proc/self/task")
+                    or (os.cpu_count() or 1) < 2, reason="needs envpool's Pendulum-v1, Linux and 2+ CPUs")
+@pytest.mark.parametrize("pin", [True, False])
+def test_env_pin_threads_pins_envpool_workers_one_per_cpu(pin):
+    # The setting must reach envpool: pinned, each of the two worker threads keeps one CPU, the
+    # first two; unpinned, no new thread is tied to one CPU.
+    before = _threads_on_one_cpu()
+    envs = make_envs(EnvSettings(id="Pendulum-v1", num_envs=2, backend="envpool", num_threads=2, pin_threads=pin),
+                     torch.device("cpu"), seed=0)
+    new = _threads_on_one_cpu() - before
+    envs.close()
+    assert sorted(entry.split(":")[1] for entry in new) == (["0", "1"] if pin else [])

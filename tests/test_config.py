@@ -52,10 +52,12 @@ def test_any_env_id_without_a_file():
     ("ppo.compile=yes", "`ppo.compile` must be true, false or auto, got 'yes'"),
     ("model.activation=gelu", "`model.activation` must be one of tanh, elu, relu, got 'gelu'"),
     ("ppo.norm_adv=global", "`ppo.norm_adv` must be one of minibatch, batch, off, got 'global'"),
+    ("env.pin_threads=maybe", "`env.pin_threads` must be true, false or auto, got 'maybe'"),
+    ("env.pin_threads=true env.backend=gymnasium", r"`env.pin_threads=true` pins envpool's threads"),
 ])
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
-        compose_settings(override)
+        compose_settings(*override.split())
 
 
 @pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
@@ -92,3 +94,28 @@ def test_env_groups_auto_pipelines_two_groups_on_cuda_only():
     assert env_groups(compose_settings().env, cpu) == 1
     assert env_groups(compose_settings("env.num_envs=9").env, cuda) == 1  # no even split
     assert env_groups(compose_settings("env.groups=4").env, cpu) == 4
+
+
+def test_pin_threads_auto_pins_only_a_cpu_run_that_owns_every_core(monkeypatch):
+    # envpool pins thread i to CPU i in every process, so `auto` pins only where this run's threads
+    # are one per CPU and it may use them all: never a partial pool, a restricted CPU set or a GPU run.
+    import os
+
+    import torch
+
+    from ppo.envs import pins_threads
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    env = compose_settings().env  # 64 envs, threads 0: one per CPU
+    assert env.pin_threads == "auto"
+    assert pins_threads(env, cpu) and not pins_threads(env, cuda)
+    assert not pins_threads(compose_settings("env.num_threads=2").env, cpu)  # room left for other runs
+    assert pins_threads(compose_settings("env.num_threads=4").env, cpu)
+    assert not pins_threads(compose_settings("env.num_envs=2").env, cpu)  # 2 threads for 2 envs
+    assert not pins_threads(compose_settings("env.backend=gymnasium").env, cpu)
+    assert pins_threads(compose_settings("env.pin_threads=true").env, cuda)
+    assert not pins_threads(compose_settings("env.pin_threads=false").env, cpu)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 4, 5}, raising=False)  # taskset elsewhere
+    assert not pins_threads(env, cpu)

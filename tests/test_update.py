@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from buffers import Minibatch
+from buffers import Minibatch, SampleTable
 from ppo.agent import Agent
 from ppo.config import PPOSettings
-from ppo.update import ppo_loss
+from ppo.update import STAT_NAMES, ppo_loss
 
 
 def random_minibatch(n: int, seed: int) -> Minibatch:
@@ -252,10 +252,13 @@ def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
         agent = Agent(5, 2, hidden_sizes=(8, 8), shared_trunk=True)
         optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
         step = CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
+        total = torch.zeros(len(STAT_NAMES))
         for seed in range(3):
             mb = random_minibatch(16, seed=seed)
             if step is not None:
-                step(mb)
+                before = total.clone()
+                stats = step(SampleTable(16, 5, 2, torch.device("cpu")).fill(mb), torch.arange(16), total)
+                torch.testing.assert_close(total, before + stats)  # the running total, added in the graph
             else:
                 loss, _ = ppo_loss(agent, mb, settings)
                 optimizer.zero_grad()
