@@ -2,6 +2,7 @@
 
     python scripts/benchmark_env_stepping.py                    # Ant-v4, 64 envs
     python scripts/benchmark_env_stepping.py --env-id Hopper-v4 --num-envs 16
+    python scripts/benchmark_env_stepping.py --pin              # worker threads pinned, one per CPU
 
 `benchmark_e2e.py` compares training with envpool stepping back to back on random actions.
 Training puts the policy and bookkeeping between steps, and the simulator then measures slower
@@ -37,6 +38,8 @@ def main() -> None:
     parser.add_argument("--env-id", default="Ant-v4")
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=0, help="envpool threads; 0: min(envs, CPUs)")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin worker thread i to CPU i (envpool's thread_affinity_offset=0; env.pin_threads)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--gap-us", type=float, default=0.0,
                         help="idle gap of modes (f) and (g); 0: the agent's mean time per step in mode (d)")
@@ -45,7 +48,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     threads = args.num_threads or min(args.num_envs, os.cpu_count() or 1)
-    envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=1, num_threads=threads)
+    envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=1, num_threads=threads,
+                        thread_affinity_offset=0 if args.pin else -1)
     obs, _ = envs.reset()
     obs_dim, act_dim = int(np.prod(obs.shape[1:])), int(np.prod(envs.action_space.shape))
     rng = np.random.default_rng(0)
@@ -86,7 +90,8 @@ def main() -> None:
     names = ["nothing between steps", "MLP forward between steps", "MLP forward + 80 torch ops",
              "policy acts between steps", "policy's actions replayed", "busy wait between steps",
              "sleep between steps"]
-    print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads, {os.cpu_count()} CPUs, "
+    print(f"# {args.env_id}, {args.num_envs} envs, {threads} envpool threads{' (pinned)' if args.pin else ''}, "
+          f"{os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     print(f"{'between steps':32s} {'step() only':>12s} {'whole loop':>12s}   (steps/s)")
     for mode in (0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6):

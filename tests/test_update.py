@@ -239,21 +239,18 @@ def test_the_compiled_whole_step_matches_the_plain_loop(target_kl, adaptive_lr_k
     assert not torch.equal(compiled[0][0][0], compiled[0][2][0]), "the updates did not train"
 
 
-def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
-    # Tied parameters (the trunk appears once in parameters() but feeds both heads): the gradient
-    # through functional_call must reach it from both, as backward does.
+def _steps(runs: list[tuple[PPOSettings, Agent]], compiled: bool, steps: int = 3) -> list[list[torch.Tensor]]:
+    """Minibatch steps of each (settings, agent) in turn, step by step: each with a CompiledStep of
+    its own, or the plain eager step. Returns each agent's parameters and Adam second moments."""
     from ppo.compiled_step import CompiledStep
     from ppo.update import make_optimizer
 
-    settings = PPOSettings(compile=True)
-    results = []
-    for compiled in (False, True):
-        torch.manual_seed(0)
-        agent = Agent(5, 2, hidden_sizes=(8, 8), shared_trunk=True)
-        optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
-        step = CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
-        total = torch.zeros(len(STAT_NAMES))
-        for seed in range(3):
+    optimizers = [make_optimizer(agent, settings, torch.device("cpu"), graphs=False) for settings, agent in runs]
+    step_fns = [CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
+                for (settings, agent), optimizer in zip(runs, optimizers, strict=True)]
+    total = torch.zeros(len(STAT_NAMES))
+    for seed in range(steps):
+        for (settings, agent), optimizer, step in zip(runs, optimizers, step_fns, strict=True):  # interleaved
             mb = random_minibatch(16, seed=seed)
             if step is not None:
                 before = total.clone()
@@ -265,10 +262,40 @@ def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
                 optimizer.step()
-        results.append([p.detach().clone() for p in agent.parameters()]
-                       + [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    return [[p.detach().clone() for p in agent.parameters()]
+            + [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]
+            for (_, agent), optimizer in zip(runs, optimizers, strict=True)]
+
+
+def _assert_same_steps(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> None:
+    for got_run, want_run in zip(got, want, strict=True):
+        for a, b in zip(got_run, want_run, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
+    # Tied parameters (the trunk appears once in parameters() but feeds both heads): the gradient
+    # through functional_call must reach it from both, as backward does.
+    def runs():
+        torch.manual_seed(0)
+        return [(PPOSettings(compile=True), Agent(5, 2, hidden_sizes=(8, 8), shared_trunk=True))]
+
+    _assert_same_steps(_steps(runs(), compiled=True), _steps(runs(), compiled=False))
+
+
+def test_each_compiled_step_keeps_its_own_settings():
+    # CompiledStep drops the guards on Python values (clip norm, loss coefficients, the activation),
+    # so two instances in one process must never share a compiled graph: agents of the same shapes
+    # with other settings, stepped in turn, must each follow their own plain steps.
+    def runs():
+        torch.manual_seed(0)
+        first = Agent(5, 2)
+        second = Agent(5, 2, activation="relu")
+        second.load_state_dict(first.state_dict())
+        return [(PPOSettings(compile=True), first),
+                (PPOSettings(compile=True, max_grad_norm=1e-3, clip_coef=0.05, vf_coef=2.0), second)]
+
+    _assert_same_steps(_steps(runs(), compiled=True), _steps(runs(), compiled=False))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
