@@ -235,7 +235,11 @@ def test_the_compiled_whole_step_matches_the_plain_loop(target_kl, adaptive_lr_k
     cpu = torch.device("cpu")
     assert compiles_whole_step(settings, cpu) and not compiles_whole_step(settings, torch.device("cuda"))
     compiled = run_updates(cpu, False, settings)
-    assert_same_updates(compiled, run_updates(cpu, False, dataclasses.replace(settings, compile=False)))
+    # param_atol 5e-5: the compiled step's tanh (2 / (1 + exp(-2x)) - 1) is within ~1e-7 of torch's, and
+    # Adam turns such differences on near-zero gradients into up to ~2e-5 after these 24 steps; the
+    # updates themselves move parameters by up to ~7e-3, so a wrong step still fails by far.
+    assert_same_updates(compiled, run_updates(cpu, False, dataclasses.replace(settings, compile=False)),
+                        param_atol=5e-5)
     assert not torch.equal(compiled[0][0][0], compiled[0][2][0]), "the updates did not train"
 
 
