@@ -136,11 +136,11 @@ def pins_threads(settings: EnvSettings, device: torch.device) -> bool:
 
     `auto` pins on a CPU run whose envpool threads number the machine's CPUs, all of them usable by
     this one process. There the training loop's own work lands on a core a worker also needs: on the
-    2-core machine, ~0.9 ms of busy work between steps slowed unpinned steps by ~25%, and pinned ones
-    not at all (docs/benchmarks.md). Not where several runs or workers share the machine (threads
-    fewer than CPUs, a restricted CPU set, data-parallel workers): envpool pins thread i to CPU i
-    in every process, which would stack their threads on the same cores. Not on a GPU run, where
-    it is not measured."""
+    2-core machine, ~0.9 ms of busy work between steps slowed unpinned steps by 14-18%, pinned ones
+    by 0-14%, and pinned stepping was faster to begin with (docs/benchmarks.md). Not where several
+    runs or workers share the machine (threads fewer than CPUs, a restricted CPU set, data-parallel
+    workers): envpool pins thread i to CPU i in every process, which would stack their threads on
+    the same cores. Not on a GPU run, where it made no difference on the H200 host."""
     if settings.pin_threads != "auto":
         return bool(settings.pin_threads)
     if settings.backend != "envpool" or device.type != "cpu" or distributed.active():

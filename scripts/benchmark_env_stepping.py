@@ -31,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import Agent  # noqa: E402
+from ppo.config import EnvSettings  # noqa: E402
+from ppo.envs import envpool_threads  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +49,7 @@ def main() -> None:
     import envpool
 
     torch.set_num_threads(1)
-    threads = args.num_threads or min(args.num_envs, os.cpu_count() or 1)
+    threads = envpool_threads(EnvSettings(id=args.env_id, num_envs=args.num_envs, num_threads=args.num_threads))
     envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=1, num_threads=threads,
                         thread_affinity_offset=0 if args.pin else -1)
     obs, _ = envs.reset()
