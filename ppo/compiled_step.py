@@ -10,6 +10,7 @@ optimizer's own state tensors, so checkpoints and the other update paths see one
 
 from __future__ import annotations
 
+import math
 import types
 
 import torch
@@ -104,8 +105,12 @@ class CompiledStep:
         with torch.no_grad():
             self.steps.add_(1)
             step = self.steps[0]
-            step_size = lr / (1 - beta1**step)
-            root_correction = (1 - beta2**step).sqrt()
+            # beta**step written as exp(step * log(beta)): inductor's CPU code computes a scalar used by
+            # many loops once only if it holds a "heavy" op such as exp; as `beta**step` it was
+            # recomputed, two powf calls, in every 8-wide iteration of the Adam loops (~10% of the
+            # step; ~27 us less per step measured, docs/benchmarks.md). Equal to pow within float32 rounding.
+            step_size = lr / (1 - torch.exp(step * math.log(beta1)))
+            root_correction = (1 - torch.exp(step * math.log(beta2))).sqrt()
             for p, g, exp_avg, exp_avg_sq in zip(self.params, grads, self.exp_avg, self.exp_avg_sq, strict=True):
                 g = g * scale
                 exp_avg.lerp_(g, 1 - beta1)
