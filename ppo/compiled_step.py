@@ -54,17 +54,31 @@ class _Loss(nn.Module):
         return self.loss_fn(self.agent, mb, self.settings)
 
 
+def pairs_or_one(num_minibatches: int) -> int:
+    """`minibatches_per_call` for an epoch of `num_minibatches`: two where they pair up (see CompiledStep)."""
+    return 2 if num_minibatches % 2 == 0 else 1
+
+
 class CompiledStep:
-    """`step(table, rows, total) -> stats`: one optimiser step of the agent on the minibatch of
-    `table`'s samples `rows` (the loss's gradient, clipped to `ppo.max_grad_norm` in global norm,
-    then Adam at the optimizer's current rate); returns the loss's detached diagnostics
-    (`ppo.update.STAT_NAMES`) and adds them to `total` in place. Build it once per run (compiling
-    is slow) and after any checkpoint restore: it binds the optimizer's state tensors.
+    """`step(table, rows, total) -> stats`: for each row of `rows` (`[minibatches_per_call, B]`
+    sample indices into `table`), in order, one optimiser step of the agent on those samples (the
+    loss's gradient, clipped to `ppo.max_grad_norm` in global norm, then Adam at the optimizer's
+    current rate). Each step's detached diagnostics (`ppo.update.STAT_NAMES`) are added to `total`
+    in place; the last step's are returned. Build it once per run (compiling is slow) and after
+    any checkpoint restore: it binds the optimizer's state tensors.
 
     The gather of the rows and the running total are in the graph too: as eager ops around each
-    call they cost ~10 ops of host time per step, a fifth of the compiled step itself."""
+    call they cost ~10 ops of host time per step, a fifth of the compiled step itself. For the
+    same reason one call takes `minibatches_per_call` steps: each call of a compiled function
+    costs ~70 us of dispatch (torch.compile's guards and wrappers) however little it computes;
+    two steps per call took ~45 us less per step on the 2-core machine, four only ~5 us less
+    again at twice the compile time (docs/benchmarks.md)."""
 
-    def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, loss_fn):
+    def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, loss_fn,
+                 minibatches_per_call: int = 1):
+        if minibatches_per_call < 1:
+            raise ValueError(f"CompiledStep: minibatches_per_call must be at least 1, got {minibatches_per_call}")
+        self.minibatches_per_call = minibatches_per_call
         names, self.params = zip(*agent.named_parameters(), strict=True)
         self.exp_avg, self.exp_avg_sq, self.steps = bind_adam_state(optimizer, list(self.params),
                                                                     "the compiled PPO step")
@@ -85,10 +99,18 @@ class CompiledStep:
                                             "guard_filter_fn": _tensor_and_global_guards})
 
     def __call__(self, table: SampleTable, rows: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        if rows.dim() != 2 or rows.shape[0] != self.minibatches_per_call:
+            raise ValueError(f"CompiledStep: rows must be [{self.minibatches_per_call}, minibatch size] sample "
+                             f"indices, got shape {tuple(rows.shape)}")
         self.lr.fill_(float(self.group["lr"]))
         return self._step(table, rows, total, self.lr)
 
     def _math(self, table: SampleTable, rows: torch.Tensor, total: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+        for index in range(self.minibatches_per_call):  # unrolled into one graph
+            stats = self._one_step(table, rows[index], total, lr)
+        return stats
+
+    def _one_step(self, table: SampleTable, rows: torch.Tensor, total: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
         mb = table.select(rows)
         def loss_of(values: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
             # tie_weights=False: a shared trunk is one module object reached by several paths, so

@@ -20,7 +20,7 @@ from torch import nn
 from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
 from ppo.agent import Agent
-from ppo.compiled_step import CompiledStep
+from ppo.compiled_step import CompiledStep, pairs_or_one
 from ppo.config import PPOSettings
 from ppo.fused_update import FusedStep, fuses
 
@@ -114,8 +114,12 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
                generator: torch.Generator, step: CompiledStep | None = None) -> dict[str, torch.Tensor]:
     """Run the epochs; returns device scalars: the mean of each stat over the minibatches run,
     `explained_variance`, and `epochs` (fewer than configured when target-KL stopped it). With
-    `step`, each minibatch's gather, loss, backward, clipping and Adam step is that one compiled
-    function. The minibatches are `buffer.minibatches`': one permutation per epoch."""
+    `step`, the minibatches' gathers, losses, gradients, clipping and Adam steps run in that one
+    compiled function, `step.minibatches_per_call` minibatches per call. The minibatches are
+    `buffer.minibatches`': one permutation per epoch."""
+    if step is not None and settings.num_minibatches % step.minibatches_per_call:
+        raise ValueError(f"ppo_update: {settings.num_minibatches} minibatches per epoch do not split into calls of "
+                         f"{step.minibatches_per_call} (the compiled step's minibatches_per_call)")
     total = torch.zeros(len(STAT_NAMES), device=buffer.device)
     count = epochs = 0
     table = buffer.sample_table(settings.norm_adv == "batch")
@@ -124,10 +128,12 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
     adaptive = settings.adaptive_lr_kl is not None
     for _ in range(settings.update_epochs):
         epoch_total = total.clone() if adaptive else None  # the epoch's KL, read off `total` after it
-        for rows in buffer.shuffled_order(settings.num_minibatches, generator):
-            if step is not None:
+        order = buffer.shuffled_order(settings.num_minibatches, generator)
+        if step is not None:  # `step.minibatches_per_call` minibatches per call, in order
+            for rows in order.view(-1, step.minibatches_per_call, order.shape[1]):
                 stats = step(table, rows, total)
-            else:
+        else:
+            for rows in order:
                 loss, stats = loss_function(agent, table.select(rows), settings)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -135,7 +141,7 @@ def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, buffer: RolloutBu
                 nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
                 optimizer.step()
                 total += stats
-            count += 1
+        count += settings.num_minibatches
         epochs += 1
         if adaptive:  # workers agree on the KL, so on the rate
             epoch_kl = (total[3] - epoch_total[3]) / settings.num_minibatches
@@ -287,7 +293,8 @@ class Updater:
 
     def _compiled_step(self, device: torch.device) -> CompiledStep | None:
         if self.compiled_step is None and compiles_whole_step(self.settings, device):
-            self.compiled_step = CompiledStep(self.agent, self.optimizer, self.settings, ppo_loss)
+            self.compiled_step = CompiledStep(self.agent, self.optimizer, self.settings, ppo_loss,
+                                              pairs_or_one(self.settings.num_minibatches))
         return self.compiled_step
 
     def _fused_step(self) -> FusedStep:

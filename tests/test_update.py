@@ -258,7 +258,7 @@ def _steps(runs: list[tuple[PPOSettings, Agent]], compiled: bool, steps: int = 3
             mb = random_minibatch(16, seed=seed)
             if step is not None:
                 before = total.clone()
-                stats = step(SampleTable(16, 5, 2, torch.device("cpu")).fill(mb), torch.arange(16), total)
+                stats = step(SampleTable(16, 5, 2, torch.device("cpu")).fill(mb), torch.arange(16)[None], total)
                 torch.testing.assert_close(total, before + stats)  # the running total, added in the graph
             else:
                 loss, _ = ppo_loss(agent, mb, settings)
@@ -285,6 +285,23 @@ def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
         return [(PPOSettings(compile=True), Agent(5, 2, hidden_sizes=(8, 8), shared_trunk=True))]
 
     _assert_same_steps(_steps(runs(), compiled=True), _steps(runs(), compiled=False))
+
+
+def test_the_compiled_step_takes_its_minibatches_in_pairs_where_it_can():
+    from ppo.compiled_step import CompiledStep, pairs_or_one
+    from ppo.update import make_optimizer
+
+    assert [pairs_or_one(n) for n in (1, 2, 3, 32)] == [1, 2, 1, 2]
+    agent = Agent(5, 2)
+    settings = PPOSettings(compile=True)
+    step = CompiledStep(agent, make_optimizer(agent, settings, torch.device("cpu"), graphs=False), settings, ppo_loss,
+                        minibatches_per_call=2)
+    table = SampleTable(16, 5, 2, torch.device("cpu")).fill(random_minibatch(16, seed=0))
+    with pytest.raises(ValueError, match=r"rows must be \[2, minibatch size\]"):
+        step(table, torch.arange(16), torch.zeros(len(STAT_NAMES)))  # one minibatch, not two: before compiling
+    with pytest.raises(ValueError, match="at least 1"):
+        CompiledStep(agent, make_optimizer(agent, settings, torch.device("cpu"), graphs=False), settings, ppo_loss,
+                     minibatches_per_call=0)
 
 
 def test_each_compiled_step_keeps_its_own_settings():
