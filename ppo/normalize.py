@@ -38,13 +38,15 @@ class RunningMeanStd:
         else:
             batch_var, batch_mean = torch.var_mean(batch, 0, correction=0)  # one op: ~8 us less per call on a CPU
             batch_count = batch.shape[0]
+        # The parallel algorithm (Chan et al.) with the batch's share w = batch_count / (count + batch_count):
+        # mean' = lerp(mean, batch_mean, w), var' = lerp(var, batch_var, w) + delta^2 w (1 - w). The same
+        # as weighting by the counts, in 9 ops instead of 16: this runs twice per step of the envs.
         # In place throughout: a CUDA graph of the collection step replays these very tensors.
         delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean += delta * batch_count / total
-        correction = delta.square() * self.count * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + correction) / total)
-        self.count.copy_(total)
+        self.count.add_(batch_count)
+        share = batch_count / self.count
+        self.mean.lerp_(batch_mean, share)
+        self.var.lerp_(batch_var, share).addcmul_(delta.square(), share * (1 - share))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {"mean": self.mean, "var": self.var, "count": self.count}
