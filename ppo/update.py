@@ -67,8 +67,7 @@ _compiled_loss = None
 
 # On a CPU the compile (~25 s on 2 cores with a cold inductor cache, seconds once cached) pays from
 # ~150k steps: the whole compiled step trains Ant-v4 ~2x faster than eager on the 2-core machine
-# (docs/benchmarks.md). The margin allows for
-# slower compilers, and keeps tests and smoke runs eager.
+# (docs/benchmarks.md). The margin allows for slower compilers, and keeps tests and smoke runs eager.
 CPU_COMPILE_MIN_STEPS = 300_000
 
 

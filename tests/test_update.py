@@ -289,7 +289,7 @@ def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
 
 def test_the_compiled_step_takes_its_minibatches_in_pairs_where_it_can():
     from ppo.compiled_step import CompiledStep, pairs_or_one
-    from ppo.update import make_optimizer
+    from ppo.update import make_optimizer, ppo_update
 
     assert [pairs_or_one(n) for n in (1, 2, 3, 32)] == [1, 2, 1, 2]
     agent = Agent(5, 2)
@@ -302,6 +302,10 @@ def test_the_compiled_step_takes_its_minibatches_in_pairs_where_it_can():
     with pytest.raises(ValueError, match="at least 1"):
         CompiledStep(agent, make_optimizer(agent, settings, torch.device("cpu"), graphs=False), settings, ppo_loss,
                      minibatches_per_call=0)
+    odd = dataclasses.replace(settings, num_minibatches=1)
+    with pytest.raises(ValueError, match="1 minibatches per epoch do not split into calls of 2"):
+        ppo_update(agent, make_optimizer(agent, odd, torch.device("cpu"), graphs=False),
+                   filled_buffer(torch.device("cpu"), 0), odd, torch.Generator().manual_seed(0), step)
 
 
 def test_each_compiled_step_keeps_its_own_settings():
