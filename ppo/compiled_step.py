@@ -3,7 +3,8 @@ the loss's gradient by `torch.func.grad`, global-norm clipping and Adam written 
 
 On a CPU the step's cost is host work per op (the autograd engine, the optimizer's Python), not
 arithmetic: compiling only the loss left an Ant-v4 minibatch step at ~550 us on the 2-core
-machine, the whole step compiled takes ~205 us (docs/benchmarks.md). The math is
+machine, the whole step compiled took ~205 us when it landed (session 10; ~240 us with two steps
+per call on the slower machine of session 17, docs/benchmarks.md). The math is
 `nn.utils.clip_grad_norm_` then `torch.optim.Adam` (no weight decay, amsgrad or maximize), on the
 optimizer's own state tensors, so checkpoints and the other update paths see one optimizer.
 """
