@@ -30,14 +30,17 @@ MAX_BLOCK_T = 1 << 16
 # Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
 # tiles take whole rows up to 2048 steps, and up to 4096 from 128 envs (no chunk join; four
 # elements per thread, up to 16 warps; with fewer rows, 4096-step rows ran faster as four chunks
-# in parallel), and cut longer rows into 1024-step chunks. Time-major tiles run on one
-# warp (the scan stays inside it): 8 envs x 128 steps, or 32 x 32 from 1024 envs up when rows are
-# longer than 128 steps (they are chunked either way, and 128-byte lines across 32 envs measured
-# faster than 32-byte ones).
+# in parallel), and cut longer rows into 1024-step chunks. Time-major tiles: from 1024 envs up,
+# with rows longer than 128 steps, 32 envs x 32 steps on one warp (128-byte lines, the scan inside
+# the warp); otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
+# only 8) on eight warps, four elements per thread (10-36% faster than 8 x 128 on one warp at
+# every such shape measured in session 18, slower at 1024+ envs with long rows); and 8 x 128
+# steps on one warp for the rest.
 TILE_ELEMENTS = 1024
 WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 128
 TIME_MAJOR_BLOCK_N = 8
 TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N = 1024, 32
+WIDE_TILE_ELEMENTS, WIDE_TILE_BLOCK_N, WIDE_TILE_MIN_ENVS, WIDE_TILE_MIN_STEPS, WIDE_TILE_WARPS = 4096, 16, 8, 128, 8
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -86,12 +89,16 @@ def _step_terms(
     stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
     stride_un, stride_ut, stride_bn, stride_bt, stride_l,
     gamma, gamma_lam,
-    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr,
+    HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, FLAG_AXIS: tl.constexpr, EVEN: tl.constexpr,
 ):
     """Load the given steps of the given rows: each step's map `f_t(x) = delta_t + beta_t * x`,
     V(s_t), the mask and the steps, all `[len(rows), len(steps)]`."""
-    row_ok = rows < N
-    mask = row_ok[:, None] & (steps < T)[None, :]
+    if EVEN:  # tiles divide the problem: a mask the compiler folds away (loads and stores unmasked)
+        row_ok = rows == rows
+        mask = row_ok[:, None] & (steps == steps)[None, :]
+    else:
+        row_ok = rows < N
+        mask = row_ok[:, None] & (steps < T)[None, :]
     n = rows[:, None]
     t = steps[None, :]
     is_last = t == T - 1
@@ -142,7 +149,18 @@ def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, next_alpha, next_beta):
 
 
 @triton.jit
-def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, BLOCK_N: tl.constexpr,
+def _probe(state_ptr, epoch, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr):
+    """The next chunk's start-advantage word for each row (0 for the last chunk), read as the program
+    starts so that its trip to L2 overlaps the tile's loads instead of following the scan."""
+    words = tl.num_programs(0) * BLOCK_N
+    inclusive_ptr = state_ptr + 2 * words
+    at = (chunk + 1) * (words // num_chunks) + rows
+    mask = row_ok & (chunk + 1 + 0 * rows < num_chunks)  # [BLOCK_N], not a scalar: the interpreter wants that
+    return tl.load(inclusive_ptr + at, mask=mask, other=0, volatile=True)
+
+
+@triton.jit
+def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, probe, BLOCK_N: tl.constexpr,
                BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
@@ -165,7 +183,13 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
     own = chunk * padded_rows + rows  # this chunk's words
     agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
     agg_beta = _first_column(beta, BLOCK_T)
-    carry = tl.zeros([BLOCK_N], dtype=tl.float32)  # the last chunk's carry: A_T = 0
+    # `probe`: the next chunk's start-advantage word, read before this chunk's scan (`_probe`); where
+    # it is ready the walk is skipped. (The map is published all the same: whether a row waits can
+    # differ between the warps that hold copies of it, which read the word at different times, and
+    # a branch that some warps take and others do not must not hold a barrier.)
+    probed = (probe >> 32) == epoch
+    carry = tl.where(probed, _low_float(probe), 0.0)  # the last chunk's carry: A_T = 0
+    pending = row_ok & ~probed
     if chunk < num_chunks - 1:
         tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
         tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
@@ -173,7 +197,6 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, B
         # cuts the chain (beta == 0), or the row ends. `j` is each row's next unread chunk.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_beta = tl.full([BLOCK_N], 1.0, dtype=tl.float32)
-        pending = row_ok
         j = tl.full([BLOCK_N], 0, dtype=tl.int64) + chunk + 1
         while tl.max(pending.to(tl.int32), axis=0) > 0:
             # One round reads the words of up to WINDOW later chunks, then composes them in time
@@ -225,7 +248,7 @@ def _gae_kernel(
     gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
-    QUADS: tl.constexpr,
+    QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr,
 ):
     row_block = tl.program_id(0).to(tl.int64)
     chunk = 0
@@ -245,20 +268,24 @@ def _gae_kernel(
                    stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
                    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
                    stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
-                   HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY)
+                   HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
+                   PROBE, EVEN)
     else:
         steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
+        probe = tl.zeros([BLOCK_N], dtype=tl.int64)  # a word of no epoch: not ready
+        if CHUNKED & PROBE:
+            probe = _probe(state_ptr, epoch, rows, rows < N, chunk, num_chunks, BLOCK_N)
         delta, beta, value, mask, t = _step_terms(
             rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
             rows, steps, N, T,
             stride_rn, stride_rt, stride_vn, stride_vt, stride_dn, stride_dt,
             stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+            gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
         # Each step's map to the end of the tile: alpha is the advantage if nothing followed the tile.
         alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
         if CHUNKED:
-            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, BLOCK_N, BLOCK_T,
-                               WINDOW, INCLUSIVE_EVERY)
+            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe, BLOCK_N,
+                               BLOCK_T, WINDOW, INCLUSIVE_EVERY)
             alpha = alpha + beta * carry[:, None]
         n = rows[:, None]
         tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
@@ -274,6 +301,7 @@ def _quad_tile(
     stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
+    PROBE: tl.constexpr, EVEN: tl.constexpr,
 ):
     """A time-major tile as four interleaved quarters: quarter j holds steps 4k + j, k < BLOCK_T / 4.
 
@@ -283,23 +311,26 @@ def _quad_tile(
     warp for a 32x32 tile, compiled for sm_90)."""
     NUM_QUADS: tl.constexpr = BLOCK_T // 4
     base = chunk * BLOCK_T + 4 * tl.arange(0, NUM_QUADS).to(tl.int64)  # [NUM_QUADS]
+    probe = tl.zeros([BLOCK_N], dtype=tl.int64)  # a word of no epoch: not ready
+    if CHUNKED & PROBE:
+        probe = _probe(state_ptr, epoch, rows, rows < N, chunk, num_chunks, BLOCK_N)
     # Four explicit quarters: a Triton function cannot loop over a list of tensors.
     d0, b0, v0, m0, t0 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
     d1, b1, v1, m1, t1 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base + 1, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
     d2, b2, v2, m2, t2 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base + 2, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
     d3, b3, v3, m3, t3 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base + 3, N, T, stride_rn, stride_rt, stride_vn, stride_vt,
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
-                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS)
+                                     gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
     zero = tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.float32)
     # Each step's map to the end of its quad (the identity after it), in registers.
     d0, b0, d1, b1, d2, b2, d3, b3 = _quad_suffixes(d0, b0, d1, b1, d2, b2, d3, b3, zero, zero + 1.0)
@@ -315,7 +346,7 @@ def _quad_tile(
     d2, b2 = _then(d2, b2, after_alpha, after_beta)
     d3, b3 = _then(d3, b3, after_alpha, after_beta)
     if CHUNKED:
-        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, BLOCK_N, NUM_QUADS,
+        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe, BLOCK_N, NUM_QUADS,
                            WINDOW, INCLUSIVE_EVERY)[:, None]
         d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
     n = rows[:, None]
@@ -338,6 +369,7 @@ def plan(
     the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
+    wide = False  # time-major tiles of 16 envs on several warps
     if block is not None:
         block_n, block_t = block
     elif not time_major:
@@ -349,14 +381,22 @@ def plan(
     else:
         long_rows = num_steps > TILE_ELEMENTS // TIME_MAJOR_BLOCK_N
         many = num_envs >= TIME_MAJOR_MANY_ENVS and long_rows
-        block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if many else TIME_MAJOR_BLOCK_N
-        block_t = TILE_ELEMENTS // block_n
+        wide = not many and num_envs >= WIDE_TILE_MIN_ENVS and num_steps >= WIDE_TILE_MIN_STEPS
+        if wide:
+            block_n = min(WIDE_TILE_BLOCK_N, envs)
+            block_t = WIDE_TILE_ELEMENTS // block_n
+        else:
+            block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if many else TIME_MAJOR_BLOCK_N
+            block_t = TILE_ELEMENTS // block_n
     block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
     grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
     if num_warps is None:
         elements = block_n * block_t
-        if time_major and block_n > 1:
+        if time_major and block_n > 1 and wide:
+            # Four elements per thread, as for whole env-major rows, on at most eight warps.
+            num_warps = min(WIDE_TILE_WARPS, max(1, elements // 128))
+        elif time_major and block_n > 1:
             # One warp: with more, Triton lays warps along time and the scan crosses them
             # through shared memory; with one, the time axis stays inside the warp.
             num_warps = 1
@@ -378,9 +418,13 @@ class GaeLaunch:
     `max_block_t` (a power of two) caps the chunk length: tests lower it to exercise the look-back
     at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
     chunks a look-back round reads), `quads` (scan as four interleaved quarters, where
-    `uses_quads` allows it) and `maxnreg` (a cap on registers per thread, CUDA only: more resident
-    programs per SM, at the price of spills) are tuning knobs. `inclusive_every > 1` is for tests only: most
-    chunks then withhold their start advantage, so look-backs compose aggregates (see `_look_back`).
+    `uses_quads` allows it), `maxnreg` (a cap on registers per thread, CUDA only: more resident
+    programs per SM, at the price of spills), `probe` (read the next chunk's start advantage as a
+    chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs) and `even=False` (keep the
+    bounds masks where the tiles divide the problem; a ragged problem always keeps them) are tuning
+    knobs. `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage,
+    so look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
+    rejects raises `ValueError`.
     """
 
     def __init__(
@@ -393,6 +437,8 @@ class GaeLaunch:
         inclusive_every: int = 1,
         quads: bool | None = None,
         maxnreg: int | None = None,
+        probe: bool | None = None,
+        even: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -421,8 +467,14 @@ class GaeLaunch:
         window = 1 if not self.chunked else look_back_window(block_n, num_chunks) if window is None else window
         quads = uses_quads(time_major, block_n, block_t, num_chunks, self.num_warps, prefer=quads)
         flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t), quads)
+        if self.chunked and not look_back_layout_ok(block_n, self.num_warps):
+            raise ValueError(f"a chunked tile of {block_n} envs on {self.num_warps} warps: the look-back needs at most "
+                             f"32 envs per tile or a multiple of {32 * self.num_warps} (see look_back_layout_ok)")
+        probe = self.grid >= PROBE_MIN_PROGRAMS if probe is None else probe
+        divides = num_envs % block_n == 0 and num_steps % block_t == 0
+        even = divides if even is None else even and divides
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
-                           inclusive_every, quads)
+                           inclusive_every, quads, probe and self.chunked, even)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
         self.maxnreg = maxnreg
@@ -503,14 +555,33 @@ def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, nu
     """Whether a tile is scanned as four interleaved quarters (`_quad_tile`). By default, from the
     H200 measurements in docs/benchmarks.md: 24% faster for 32-env time-major tiles (16384x1024,
     4096x4096, 1024x1024) and 14% for unchunked 8x128 ones (4096x128), 7% slower for chunked 8x128
-    tiles of long rows (16x1M). So: time-major tiles of 32+ envs, or of 2+ envs holding whole rows.
+    tiles of long rows (16x1M); the 16-env tiles on eight warps were measured with them (session 18).
+    So: time-major tiles of 32+ envs, or of 2+ envs holding whole rows or spread over several warps.
     `prefer` overrides that choice. Either way the quarters must fill the program's threads:
     Triton's scan leaves wrong values in lanes that hold copies (triton-lang/triton#2298), and the
     quarters' scan results are read by every lane."""
     fills = block_t >= 4 and block_n * (block_t // 4) >= 32 * num_warps
     if prefer is not None:
         return prefer and fills
-    return fills and time_major and (block_n >= 32 or (block_n > 1 and num_chunks == 1))
+    return fills and time_major and (block_n >= 32 or (block_n > 1 and (num_chunks == 1 or num_warps > 1)))
+
+
+# From this many programs up (several waves of them), a chunk reads the next chunk's start advantage as it
+# starts (`_probe`): 1.5-3% faster at 16384x1024 time-major and 16x1M env-major, and 1-1.5% slower on
+# one-wave grids such as 1x1M (docs/benchmarks.md, session 18).
+PROBE_MIN_PROGRAMS = 4096
+
+
+def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
+    """Whether the look-back may run on a chunked tile of `block_n` envs on `num_warps` warps.
+
+    Every warp walks the look-back for its copy of the tile's rows, and warps read the state at
+    different times, so their copies can disagree on which rows still wait. That is harmless while
+    each warp decides alone: when every warp holds all the rows (up to 32) or none holds a row
+    twice (a multiple of 32 per warp). In between, Triton reduces the rows' flags across warps
+    through shared memory inside the walk's loop, a warp that leaves the loop early skips a barrier
+    the others wait at, and the results are wrong (64 x 64 tiles on four warps, measured on the H200)."""
+    return block_n <= 32 or block_n % (32 * num_warps) == 0
 
 
 # Look-back window by tile height, from the window sweep in docs/benchmarks.md (H200): env-major
@@ -584,7 +655,7 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY", "QUADS")
+                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN")
 
 
 def _active(hook):

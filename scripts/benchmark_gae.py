@@ -309,15 +309,24 @@ def sweep_tiles(args) -> None:
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole]' or 'default[...]' -> `launch_gae` tuning options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m]' or 'default[...]' -> `launch_gae` tuning options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
     (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`); :quads /
-    :whole forces the four-quarter scan on or off."""
+    :whole forces the four-quarter scan on or off; +p turns the early read of
+    the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem."""
+    label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
     label, _, window = label.partition("@")
     options = {"window": int(window) if window else None, "maxnreg": int(regs) if regs else None}
+    for extra in extras:
+        if extra == "p":
+            options["probe"] = True
+        elif extra == "m":
+            options["even"] = False
+        else:
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p or +m)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

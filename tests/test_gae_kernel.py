@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import compute_gae, triton_gae
-from kernels.triton_gae import launch_gae, look_back_window, plan, uses_quads
+from kernels.triton_gae import GaeLaunch, launch_gae, look_back_layout_ok, look_back_window, plan, uses_quads
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -131,6 +131,61 @@ def test_look_back_walks_compose_windows_of_aggregates(inclusive_every, window, 
                                                    "inclusive_every": inclusive_every})
 
 
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("quads", [False, True])
+@pytest.mark.parametrize("inclusive_every", [1, 3])
+@pytest.mark.parametrize("probe", [False, True])
+@pytest.mark.parametrize("num_envs,num_steps", [(11, 67), (8, 64)])  # the second divides into tiles: no masks
+def test_look_back_with_the_next_chunks_start_advantage_read_early(num_envs, num_steps, probe, inclusive_every,
+                                                                   quads, time_major):
+    # The probe's word is ready only where the next chunk published its start advantage (every
+    # third chunk with inclusive_every=3): elsewhere the walk must still run.
+    rollout = random_rollout(num_envs, num_steps, density=0.05, time_major=time_major, device=DEVICE,
+                             seed=num_steps + probe)
+    assert_matches_oracle(rollout, launch_options={"block": (4, 8), "probe": probe, "quads": quads,
+                                                   "inclusive_every": inclusive_every})
+
+
+def test_tiles_that_divide_the_problem_run_unmasked_with_the_same_result():
+    rollout = random_rollout(8, 64, density=0.05, time_major=True, device=DEVICE, seed=3)
+    tensors = (rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
+               rollout["bootstrap_values"], None, poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    even, masked = GaeLaunch(tensors, block=(4, 8)), GaeLaunch(tensors, block=(4, 8), even=False)
+    assert even.constexprs[-1] and not masked.constexprs[-1]
+    ragged = random_rollout(9, 64, time_major=True, device=DEVICE)
+    ragged_tensors = (*(ragged[k] for k in ("rewards", "values", "terminateds", "truncateds", "bootstrap_values")),
+                      None, ragged["values"], ragged["values"])
+    assert not GaeLaunch(ragged_tensors, block=(4, 8), even=True).constexprs[-1], "a ragged tile must keep its masks"
+    results = []
+    for options in ({"block": (4, 8)}, {"block": (4, 8), "even": False}):
+        advantages, returns = poisoned_like(rollout["values"]), poisoned_like(rollout["values"])
+        launch_gae(*tensors[:6], 0.99, 0.95, advantages, returns, **options)
+        results.append((advantages, returns))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert_matches_oracle(rollout, launch_options={"block": (4, 8)})
+
+
+def test_wide_time_major_tiles_on_eight_warps_match_reference():
+    # 19 envs x 1800 steps (past the tiny path): 16-env tiles (one row block partly masked), chunked,
+    # scanned as quarters.
+    rollout = random_rollout(19, 1800, density=0.05, time_major=True, device=DEVICE, seed=19)
+    block_n, block_t, num_chunks, _, num_warps = plan(19, 1800, True, 64)
+    assert (block_n, block_t, num_warps) == (16, 64, 8) and num_chunks == 29
+    assert uses_quads(True, block_n, block_t, num_chunks, num_warps)
+    assert_matches_oracle(rollout, launch_options={"max_block_t": 64})
+
+
+def test_chunked_tiles_whose_rows_some_warps_hold_twice_are_refused():
+    assert look_back_layout_ok(16, 8) and look_back_layout_ok(32, 2) and look_back_layout_ok(64, 2)
+    assert look_back_layout_ok(1, 4) and not look_back_layout_ok(64, 4)
+    rollout = random_rollout(64, 64, time_major=True, device=DEVICE)
+    tensors = (*(rollout[k] for k in ("rewards", "values", "terminateds", "truncateds", "bootstrap_values")),
+               None, rollout["values"], rollout["values"])
+    with pytest.raises(ValueError, match="64 envs on 4 warps"):
+        GaeLaunch(tensors, block=(64, 16), num_warps=4)
+    GaeLaunch(tensors, block=(64, 64), num_warps=4)  # one chunk: no look-back, nothing to refuse
+
+
 def test_look_back_window_reads_a_bounded_number_of_words():
     assert look_back_window(1, 1024) == 1 and look_back_window(32, 32) == 1  # one chunk a round
     assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 4 and look_back_window(2, 1024) == 8
@@ -160,9 +215,14 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
     assert plan(4096, 4096, False) == (1, 4096, 1, 4096, 16)
     assert plan(16, 65536, False) == (1, 1024, 64, 1024, 4)
     assert plan(64, 4096, False) == (1, 1024, 4, 256, 4)
-    assert plan(4096, 128, True) == (8, 128, 1, 512, 1)  # time-major: one warp per tile
-    assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)  # many envs: wider lines
-    assert plan(1024, 1024, True)[:2] == (32, 32) and plan(1024, 128, True)[:2] == (8, 128)
+    # Time-major: from 8 envs and 128 steps, 4096-element tiles of 16 envs (8 if there are 8) on eight warps...
+    assert plan(4096, 128, True) == (16, 128, 1, 256, 8)
+    assert plan(16, 65536, True) == (16, 256, 256, 256, 8) and plan(8, 65536, True)[:2] == (8, 512)
+    # ... but 32 x 32 on one warp from 1024 envs with rows longer than 128 steps, and 8 x 128 on one
+    # warp for fewer envs or shorter rows.
+    assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)
+    assert plan(1024, 1024, True)[:2] == (32, 32) and plan(1024, 128, True)[:2] == (16, 128)
+    assert plan(4, 131072, True) == (4, 128, 1024, 1024, 1) and plan(4096, 32, True)[:2] == (8, 32)
     for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
         block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
         assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
