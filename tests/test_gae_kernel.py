@@ -161,8 +161,13 @@ def test_tiles_that_divide_the_problem_run_unmasked_with_the_same_result():
         advantages, returns = poisoned_like(rollout["values"]), poisoned_like(rollout["values"])
         launch_gae(*tensors[:6], 0.99, 0.95, advantages, returns, **options)
         results.append((advantages, returns))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-    assert_matches_oracle(rollout, launch_options={"block": (4, 8)})
+    # Each matches the float64 oracle and the other (not bit for bit on a GPU: the two compiled
+    # kernels may fuse multiply-adds differently).
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    for advantages, returns in results:
+        torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+        torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
 
 
 def test_wide_time_major_tiles_on_eight_warps_match_reference():
