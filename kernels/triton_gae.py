@@ -149,14 +149,18 @@ def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, next_alpha, next_beta):
 
 
 @triton.jit
-def _probe(state_ptr, epoch, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr):
-    """The next chunk's start-advantage word for each row (0 for the last chunk), read as the program
-    starts so that its trip to L2 overlaps the tile's loads instead of following the scan."""
-    words = tl.num_programs(0) * BLOCK_N
-    inclusive_ptr = state_ptr + 2 * words
-    at = (chunk + 1) * (words // num_chunks) + rows
-    mask = row_ok & (chunk + 1 + 0 * rows < num_chunks)  # [BLOCK_N], not a scalar: the interpreter wants that
-    return tl.load(inclusive_ptr + at, mask=mask, other=0, volatile=True)
+def _probe(state_ptr, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr, READ: tl.constexpr):
+    """The next chunk's start-advantage word for each row, read as the program starts so that its trip
+    to L2 overlaps the tile's loads instead of following the scan. 0 (a word of no epoch: not ready)
+    for the last chunk, and everywhere unless READ."""
+    if READ:
+        words = tl.num_programs(0) * BLOCK_N
+        inclusive_ptr = state_ptr + 2 * words
+        at = (chunk + 1) * (words // num_chunks) + rows
+        mask = row_ok & (chunk + 1 + 0 * rows < num_chunks)  # [BLOCK_N], not a scalar: the interpreter wants that
+        return tl.load(inclusive_ptr + at, mask=mask, other=0, volatile=True)
+    else:
+        return tl.zeros([BLOCK_N], dtype=tl.int64)
 
 
 @triton.jit
@@ -272,9 +276,7 @@ def _gae_kernel(
                    PROBE, EVEN)
     else:
         steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
-        probe = tl.zeros([BLOCK_N], dtype=tl.int64)  # a word of no epoch: not ready
-        if CHUNKED & PROBE:
-            probe = _probe(state_ptr, epoch, rows, rows < N, chunk, num_chunks, BLOCK_N)
+        probe = _probe(state_ptr, rows, rows < N, chunk, num_chunks, BLOCK_N, CHUNKED & PROBE)
         delta, beta, value, mask, t = _step_terms(
             rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr, last_value_ptr,
             rows, steps, N, T,
@@ -311,9 +313,7 @@ def _quad_tile(
     warp for a 32x32 tile, compiled for sm_90)."""
     NUM_QUADS: tl.constexpr = BLOCK_T // 4
     base = chunk * BLOCK_T + 4 * tl.arange(0, NUM_QUADS).to(tl.int64)  # [NUM_QUADS]
-    probe = tl.zeros([BLOCK_N], dtype=tl.int64)  # a word of no epoch: not ready
-    if CHUNKED & PROBE:
-        probe = _probe(state_ptr, epoch, rows, rows < N, chunk, num_chunks, BLOCK_N)
+    probe = _probe(state_ptr, rows, rows < N, chunk, num_chunks, BLOCK_N, CHUNKED & PROBE)
     # Four explicit quarters: a Triton function cannot loop over a list of tensors.
     d0, b0, v0, m0, t0 = _step_terms(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bootstrap_ptr,
                                      last_value_ptr, rows, base, N, T, stride_rn, stride_rt, stride_vn, stride_vt,

@@ -229,7 +229,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
-                             "registers per thread) and :quads or :whole (the four-quarter scan on or off)")
+                             "registers per thread), :quads or :whole (the four-quarter scan on or off), +p "
+                             "(the early read of the next chunk on) and +m (bounds masks kept)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
