@@ -393,7 +393,7 @@ def plan(
     grid = triton.cdiv(max(num_envs, 1), block_n) * num_chunks
     if num_warps is None:
         elements = block_n * block_t
-        if time_major and block_n > 1 and wide:
+        if wide:
             # Four elements per thread, as for whole env-major rows, on at most eight warps.
             num_warps = min(WIDE_TILE_WARPS, max(1, elements // 128))
         elif time_major and block_n > 1:

@@ -276,8 +276,6 @@ def main() -> None:
 def sweep_tiles(args) -> None:
     """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
     A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 is marked '!'."""
-    from kernels.triton_gae import launch_gae
-
     configs = [parse_tile(label) for label in args.configs]
     labels = args.configs
     print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
@@ -297,8 +295,7 @@ def sweep_tiles(args) -> None:
             for options in configs:
 
                 def run(x=x, options=options):
-                    launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, GAMMA, LAM, x["advantages"], x["returns"], **options)
+                    launch_tile(x, options)
 
                 x["advantages"].fill_(float("nan"))
                 run()
@@ -307,6 +304,14 @@ def sweep_tiles(args) -> None:
             print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(cells), flush=True)
             del x, src, dst
             torch.cuda.empty_cache()
+
+
+def launch_tile(x: dict[str, torch.Tensor], options: dict) -> None:
+    """One launch on `make_inputs`' tensors with `parse_tile`'s options, writing x's outputs."""
+    from kernels.triton_gae import launch_gae
+
+    launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
+               GAMMA, LAM, x["advantages"], x["returns"], **options)
 
 
 def parse_tile(label: str) -> dict:

@@ -17,8 +17,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_gae as bench  # noqa: E402
 
-from kernels.triton_gae import launch_gae  # noqa: E402
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,8 +38,7 @@ def main() -> None:
                 wrong_calls, worst = 0, 0.0
                 for _ in range(args.calls):
                     x["advantages"].fill_(float("nan"))
-                    launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
-                               None, bench.GAMMA, bench.LAM, x["advantages"], x["returns"], **options)
+                    bench.launch_tile(x, options)
                     error = torch.nan_to_num((x["advantages"] - expected).abs(), nan=float("inf"))
                     worst = max(worst, float(error.max()))
                     if not float(error.max()) < 1e-3:

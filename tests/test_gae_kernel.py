@@ -33,11 +33,13 @@ def run_kernel(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
 
 
 def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
+    """The kernel's outputs, once checked against the float64 oracle."""
     advantages, returns = run_kernel(rollout, gamma, lam, launch_options, **overrides)
     expected_adv, expected_ret = oracle(rollout, gamma, lam, **overrides)
     assert not advantages.isnan().any() and not returns.isnan().any(), "an output element was not written"
     torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
     torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+    return advantages, returns
 
 
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
@@ -146,28 +148,26 @@ def test_look_back_with_the_next_chunks_start_advantage_read_early(num_envs, num
                                                    "inclusive_every": inclusive_every})
 
 
+def launch_tensors(rollout, outputs=None):
+    """The eight tensors `GaeLaunch` plans from (no last value; outputs laid out like the values)."""
+    advantages, returns = outputs or (rollout["values"], rollout["values"])
+    return (rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
+            rollout["bootstrap_values"], None, advantages, returns)
+
+
 def test_tiles_that_divide_the_problem_run_unmasked_with_the_same_result():
+    even_at = triton_gae._CONSTEXPR_NAMES.index("EVEN")
     rollout = random_rollout(8, 64, density=0.05, time_major=True, device=DEVICE, seed=3)
-    tensors = (rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
-               rollout["bootstrap_values"], None, poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
-    even, masked = GaeLaunch(tensors, block=(4, 8)), GaeLaunch(tensors, block=(4, 8), even=False)
-    assert even.constexprs[-1] and not masked.constexprs[-1]
+    assert GaeLaunch(launch_tensors(rollout), block=(4, 8)).constexprs[even_at]
+    assert not GaeLaunch(launch_tensors(rollout), block=(4, 8), even=False).constexprs[even_at]
     ragged = random_rollout(9, 64, time_major=True, device=DEVICE)
-    ragged_tensors = (*(ragged[k] for k in ("rewards", "values", "terminateds", "truncateds", "bootstrap_values")),
-                      None, ragged["values"], ragged["values"])
-    assert not GaeLaunch(ragged_tensors, block=(4, 8), even=True).constexprs[-1], "a ragged tile must keep its masks"
-    results = []
-    for options in ({"block": (4, 8)}, {"block": (4, 8), "even": False}):
-        advantages, returns = poisoned_like(rollout["values"]), poisoned_like(rollout["values"])
-        launch_gae(*tensors[:6], 0.99, 0.95, advantages, returns, **options)
-        results.append((advantages, returns))
-    # Each matches the float64 oracle and the other (not bit for bit on a GPU: the two compiled
+    assert not GaeLaunch(launch_tensors(ragged), block=(4, 8), even=True).constexprs[even_at], \
+        "a ragged tile must keep its masks"
+    # Each matches the float64 oracle, and the other (not bit for bit on a GPU: the two compiled
     # kernels may fuse multiply-adds differently).
-    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
-    for advantages, returns in results:
-        torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
-        torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    unmasked = assert_matches_oracle(rollout, launch_options={"block": (4, 8)})
+    masked = assert_matches_oracle(rollout, launch_options={"block": (4, 8), "even": False})
+    torch.testing.assert_close(unmasked[0], masked[0], rtol=1e-5, atol=1e-5)
 
 
 def test_wide_time_major_tiles_on_eight_warps_match_reference():
@@ -183,9 +183,7 @@ def test_wide_time_major_tiles_on_eight_warps_match_reference():
 def test_chunked_tiles_whose_rows_some_warps_hold_twice_are_refused():
     assert look_back_layout_ok(16, 8) and look_back_layout_ok(32, 2) and look_back_layout_ok(64, 2)
     assert look_back_layout_ok(1, 4) and not look_back_layout_ok(64, 4)
-    rollout = random_rollout(64, 64, time_major=True, device=DEVICE)
-    tensors = (*(rollout[k] for k in ("rewards", "values", "terminateds", "truncateds", "bootstrap_values")),
-               None, rollout["values"], rollout["values"])
+    tensors = launch_tensors(random_rollout(64, 64, time_major=True, device=DEVICE))
     with pytest.raises(ValueError, match="64 envs on 4 warps"):
         GaeLaunch(tensors, block=(64, 16), num_warps=4)
     GaeLaunch(tensors, block=(64, 64), num_warps=4)  # one chunk: no look-back, nothing to refuse
