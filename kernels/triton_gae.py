@@ -53,6 +53,15 @@ def _compose(alpha_later, beta_later, alpha, beta):
 
 
 @triton.jit
+def _compose_with_rest(alpha_later, beta_later, rest_alpha_later, rest_beta_later, alpha, beta, rest_alpha, rest_beta):
+    # A run of steps as two maps: the whole run, and the run without its first step (the identity
+    # for a single step). Followed by a later run, the first becomes the composition of both, the
+    # second the current run's rest followed by the whole later run.
+    return (alpha + beta * alpha_later, beta * beta_later,
+            rest_alpha + rest_beta * alpha_later, rest_beta * beta_later)
+
+
+@triton.jit
 def _float_bits(x):
     return x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
 
@@ -70,15 +79,16 @@ def _first_column(x, BLOCK_T: tl.constexpr):
 
 @triton.jit
 def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
-    # Without a hint, one-byte flags are loaded 16 to a thread along their contiguous axis while
-    # the floats go 4 to a thread; the scan then runs in the flags' layout and every float tensor
-    # is shuffled through shared memory to meet it (time-major: across warps). Capping the flags'
-    # contiguity at 4 puts every tensor in one layout. Only set where the flags' stride along that
-    # axis is 1 and the tile spans at least 4 elements along it (see `plan`).
-    if FLAG_AXIS == 0:
-        offsets = tl.max_contiguous(offsets, [4, 1])
-    elif FLAG_AXIS == 1:
-        offsets = tl.max_contiguous(offsets, [1, 4])
+    # Triton gives every load of a tile's shape the widest vector any of them allows: one-byte flags
+    # along their contiguous axis would make it 8 or 16 elements per thread, while stores stay at
+    # four floats (16 bytes), so every result went through shared memory to meet the stores' layout.
+    # Writing the offsets as runs of four caps what the compiler can prove contiguous at 4, and every
+    # tensor shares one layout (the compiler folds the arithmetic away). A `tl.max_contiguous` hint
+    # did not do it: Triton 3.6 and 3.9 keep the larger contiguity they derive (docs/benchmarks.md,
+    # session 19). Only set where the flags' stride along that axis is 1 and the tile spans at least
+    # 4 elements along it (see `flag_hint_axis`).
+    if FLAG_AXIS >= 0:
+        offsets = (offsets // 4) * 4 + offsets % 4
     return offsets
 
 
@@ -252,7 +262,7 @@ def _gae_kernel(
     gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
-    QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr,
+    QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
 ):
     row_block = tl.program_id(0).to(tl.int64)
     chunk = 0
@@ -273,7 +283,7 @@ def _gae_kernel(
                    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
                    stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
                    HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
-                   PROBE, EVEN)
+                   PROBE, EVEN, REST_SCAN)
     else:
         steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
         probe = _probe(state_ptr, rows, rows < N, chunk, num_chunks, BLOCK_N, CHUNKED & PROBE)
@@ -303,7 +313,7 @@ def _quad_tile(
     stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
-    PROBE: tl.constexpr, EVEN: tl.constexpr,
+    PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
 ):
     """A time-major tile as four interleaved quarters: quarter j holds steps 4k + j, k < BLOCK_T / 4.
 
@@ -334,13 +344,24 @@ def _quad_tile(
     zero = tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.float32)
     # Each step's map to the end of its quad (the identity after it), in registers.
     d0, b0, d1, b1, d2, b2, d3, b3 = _quad_suffixes(d0, b0, d1, b1, d2, b2, d3, b3, zero, zero + 1.0)
-    # Each quad's map to the end of the tile: a reverse scan of the quads' maps, across lanes.
-    quad_alpha, quad_beta = tl.associative_scan((d0, b0), 1, _compose, reverse=True)
-    # What follows quad k: the scanned map of quad k + 1 (the identity after the last quad).
-    k = tl.arange(0, NUM_QUADS)[None, :] + tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.int32)
-    later = tl.minimum(k + 1, NUM_QUADS - 1)
-    after_alpha = tl.where(k < NUM_QUADS - 1, tl.gather(quad_alpha, later, axis=1), 0.0)
-    after_beta = tl.where(k < NUM_QUADS - 1, tl.gather(quad_beta, later, axis=1), 1.0)
+    # What follows quad k: the map of quads k + 1 .. to the end of the tile (the identity after the last).
+    if REST_SCAN:
+        # One reverse scan carries it along with each quad's own map to the end (`_compose_with_rest`):
+        # twice the values per step of the scan, but no gather, whose layout cost a trip through
+        # shared memory for every quarter before the scan and after it (one-warp tiles 3-10% faster,
+        # whole rows on eight warps 8-21%; docs/benchmarks.md, session 19).
+        zero_and_one = (zero, zero + 1.0)
+        _, _, after_alpha, after_beta = tl.associative_scan((d0, b0) + zero_and_one, 1, _compose_with_rest,
+                                                            reverse=True)
+    else:
+        # Scan the quads' maps, then read quad k + 1's result. For chunked tiles on several warps this
+        # measured 1-6% faster: Triton lays the gather's warps along envs, so the scan stays in each
+        # warp and only the tile's quarters cross warps, where the scan above would carry four values.
+        quad_alpha, quad_beta = tl.associative_scan((d0, b0), 1, _compose, reverse=True)
+        k = tl.arange(0, NUM_QUADS)[None, :] + tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.int32)
+        later = tl.minimum(k + 1, NUM_QUADS - 1)
+        after_alpha = tl.where(k < NUM_QUADS - 1, tl.gather(quad_alpha, later, axis=1), 0.0)
+        after_beta = tl.where(k < NUM_QUADS - 1, tl.gather(quad_beta, later, axis=1), 1.0)
     d0, b0 = _then(d0, b0, after_alpha, after_beta)
     d1, b1 = _then(d1, b1, after_alpha, after_beta)
     d2, b2 = _then(d2, b2, after_alpha, after_beta)
@@ -420,11 +441,12 @@ class GaeLaunch:
     chunks a look-back round reads), `quads` (scan as four interleaved quarters, where
     `uses_quads` allows it), `maxnreg` (a cap on registers per thread, CUDA only: more resident
     programs per SM, at the price of spills), `probe` (read the next chunk's start advantage as a
-    chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs) and `even=False` (keep the
-    bounds masks where the tiles divide the problem; a ragged problem always keeps them) are tuning
-    knobs. `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage,
-    so look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
-    rejects raises `ValueError`.
+    chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
+    bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
+    `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
+    on one warp) are tuning knobs. `inclusive_every > 1` is for tests only: most chunks then
+    withhold their start advantage, so look-backs compose aggregates (see `_look_back`). A chunked
+    tile that `look_back_layout_ok` rejects raises `ValueError`.
     """
 
     def __init__(
@@ -439,6 +461,7 @@ class GaeLaunch:
         maxnreg: int | None = None,
         probe: bool | None = None,
         even: bool | None = None,
+        rest_scan: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -473,8 +496,11 @@ class GaeLaunch:
         probe = self.grid >= PROBE_MIN_PROGRAMS if probe is None else probe
         divides = num_envs % block_n == 0 and num_steps % block_t == 0
         even = divides if even is None else even and divides
+        # The quads' scan carries what follows each quad where it stays inside one warp or the tile holds
+        # whole rows (see `_quad_tile`).
+        rest_scan = self.num_warps == 1 or not self.chunked if rest_scan is None else rest_scan
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
-                           inclusive_every, quads, probe and self.chunked, even)
+                           inclusive_every, quads, probe and self.chunked, even, rest_scan and quads)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
         self.maxnreg = maxnreg
@@ -600,10 +626,10 @@ def look_back_window(block_n: int, num_chunks: int) -> int:
 
 def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
                    block: tuple[int, int], quads: bool = False) -> int:
-    """The axis along which the flag loads may be hinted 4-wide (`_flag_offsets`), or -1: the tile's
+    """The axis along which the flag loads are capped at 4 wide (`_flag_offsets`), or -1: the tile's
     contiguous axis, where both flag tensors have stride 1 and the tile spans at least 4 elements.
     Not an env-major tile scanned as quarters: each quarter holds every fourth step of a row, so
-    nothing in it is contiguous (the hint would let Triton load four of them as one word)."""
+    nothing in it is contiguous."""
     axis = 0 if time_major else 1
     if quads and not time_major:
         return -1
@@ -655,7 +681,7 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN")
+                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN")
 
 
 def _active(hook):

@@ -230,7 +230,8 @@ def main() -> None:
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
                              "registers per thread), :quads or :whole (the four-quarter scan on or off), +p "
-                             "(the early read of the next chunk on) and +m (bounds masks kept)")
+                             "(the early read of the next chunk on), +m (bounds masks kept) and +r / +g (the "
+                             "quads' scan carries what follows each quad / a gather reads it)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
@@ -315,12 +316,13 @@ def launch_tile(x: dict[str, torch.Tensor], options: dict) -> None:
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m]' or 'default[...]' -> `launch_gae` tuning options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g]' or 'default[...]' -> `launch_gae` tuning options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
     (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`); :quads /
     :whole forces the four-quarter scan on or off; +p turns the early read of
-    the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem."""
+    the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
+    +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`)."""
     label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
@@ -331,8 +333,10 @@ def parse_tile(label: str) -> dict:
             options["probe"] = True
         elif extra == "m":
             options["even"] = False
+        elif extra in ("r", "g"):
+            options["rest_scan"] = extra == "r"
         else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p or +m)")
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r or +g)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

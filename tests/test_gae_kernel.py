@@ -82,24 +82,41 @@ def quad_options(num_envs: int, num_steps: int, time_major: bool, block: tuple[i
     return {"block": block, "quads": True, **options}
 
 
+@pytest.mark.parametrize("rest_scan", [False, True], ids=["gather", "rest_scan"])
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
 @pytest.mark.parametrize("num_envs,num_steps,block", [(9, 101, (8, 16)), (37, 127, (32, 16)), (7, 127, (8, 128)),
                                                       (37, 3, (32, 32)), (3, 64, (8, 32))])
-def test_quad_tiles_match_reference(num_envs, num_steps, block, density, time_major):
+def test_quad_tiles_match_reference(num_envs, num_steps, block, density, time_major, rest_scan):
     # Steps 4k..4k+3 composed in registers, quads scanned, chunks joined: odd sizes, a row shorter
-    # than one quad, rows that end inside a quad, chunked and whole rows.
+    # than one quad, rows that end inside a quad, chunked and whole rows; what follows each quad
+    # read from its neighbour's scan result or carried by the scan itself.
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE,
                              seed=num_steps + block[0])
-    assert_matches_oracle(rollout, launch_options=quad_options(num_envs, num_steps, time_major, block))
+    options = quad_options(num_envs, num_steps, time_major, block, rest_scan=rest_scan)
+    assert_matches_oracle(rollout, launch_options=options)
 
 
+@pytest.mark.parametrize("rest_scan", [False, True], ids=["gather", "rest_scan"])
 @pytest.mark.parametrize("flag_dtype", [torch.bool, torch.float32])
 @pytest.mark.parametrize("bootstrap", BOOTSTRAP_MODES)
-def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap, flag_dtype):
+def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap, flag_dtype, rest_scan):
     rollout = random_rollout(11, 77, density=0.05, flag_dtype=flag_dtype, time_major=True, device=DEVICE, seed=8)
-    options = quad_options(11, 77, True, (8, 16), inclusive_every=3)
+    options = quad_options(11, 77, True, (8, 16), inclusive_every=3, rest_scan=rest_scan)
     assert_matches_oracle(rollout, launch_options=options, **bootstrap_overrides(rollout, bootstrap))
+
+
+def test_quads_scan_what_follows_each_quad_on_one_warp_or_whole_rows_and_gather_it_otherwise():
+    # The default: the scan carries it on one warp (32 x 32 tiles) and in tiles that hold whole rows
+    # (16 x 128 on eight warps); a gather reads it in chunked tiles on several warps (16 x 256 on eight).
+    rest_scan_index = triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")
+    for num_envs, num_steps, warps, expected in [(2048, 1024, 1, True), (4096, 128, 8, True), (16, 4096, 8, False)]:
+        rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
+        tensors = (rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
+                   rollout["bootstrap_values"], None, rollout["values"], rollout["values"])
+        launch = GaeLaunch(tensors)
+        assert launch.num_warps == warps
+        assert launch.constexprs[rest_scan_index] is expected
 
 
 @pytest.mark.parametrize("gamma,lam", [(0.0, 0.95), (1.0, 1.0), (0.99, 0.0), (0.5, 0.5)])
