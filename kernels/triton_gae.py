@@ -610,16 +610,18 @@ def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
     return block_n <= 32 or block_n % (32 * num_warps) == 0
 
 
-# Look-back window by tile height, from the window sweep in docs/benchmarks.md (H200): env-major
+# Look-back window by tile height, from the window sweeps in docs/benchmarks.md (H200): env-major
 # tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
-# 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round.
+# 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round, and the 16-row
+# tiles on eight warps 2-5% from two chunks a round (four were slower; session 19).
 LOOK_BACK_WORDS = 16
 
 
 def look_back_window(block_n: int, num_chunks: int) -> int:
     """How many later chunks a look-back round reads (a power of two): about `LOOK_BACK_WORDS`
-    words for tiles of 2-8 rows, one otherwise, and never more chunks than the row has after the first."""
-    window = LOOK_BACK_WORDS // block_n if 1 < block_n < LOOK_BACK_WORDS else 1
+    words for tiles of 2-8 rows, two chunks for 16 rows, one otherwise, and never more chunks than
+    the row has after the first."""
+    window = max(2, LOOK_BACK_WORDS // block_n) if 1 < block_n <= LOOK_BACK_WORDS else 1
     later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
     return max(1, min(window, later_chunks))
 

@@ -209,6 +209,7 @@ def test_chunked_tiles_whose_rows_some_warps_hold_twice_are_refused():
 def test_look_back_window_reads_a_bounded_number_of_words():
     assert look_back_window(1, 1024) == 1 and look_back_window(32, 32) == 1  # one chunk a round
     assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 4 and look_back_window(2, 1024) == 8
+    assert look_back_window(16, 1024) == 2
     assert look_back_window(2, 2) == 1 and look_back_window(2, 4) == 4  # no wider than the walk
 
 
