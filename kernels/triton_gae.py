@@ -444,7 +444,7 @@ class GaeLaunch:
     chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
     bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
-    on one warp) are tuning knobs. `inclusive_every > 1` is for tests only: most chunks then
+    on one warp or whole rows) are tuning knobs. `inclusive_every > 1` is for tests only: most chunks then
     withhold their start advantage, so look-backs compose aggregates (see `_look_back`). A chunked
     tile that `look_back_layout_ok` rejects raises `ValueError`.
     """

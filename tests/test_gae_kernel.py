@@ -112,9 +112,7 @@ def test_quads_scan_what_follows_each_quad_on_one_warp_or_whole_rows_and_gather_
     rest_scan_index = triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")
     for num_envs, num_steps, warps, expected in [(2048, 1024, 1, True), (4096, 128, 8, True), (16, 4096, 8, False)]:
         rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
-        tensors = (rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
-                   rollout["bootstrap_values"], None, rollout["values"], rollout["values"])
-        launch = GaeLaunch(tensors)
+        launch = GaeLaunch(launch_tensors(rollout))
         assert launch.num_warps == warps
         assert launch.constexprs[rest_scan_index] is expected
 
