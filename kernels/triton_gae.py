@@ -31,15 +31,17 @@ MAX_BLOCK_T = 1 << 16
 # tiles take whole rows up to 2048 steps, and up to 4096 from 128 envs (no chunk join; four
 # elements per thread, up to 16 warps; with fewer rows, 4096-step rows ran faster as four chunks
 # in parallel), and cut longer rows into 1024-step chunks. Time-major tiles: from 1024 envs up,
-# with rows longer than 128 steps, 32 envs x 32 steps on one warp (128-byte lines, the scan inside
-# the warp); otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
+# with rows longer than 128 steps, 32 envs x 64 steps on four warps (128-byte lines; 5-10% faster
+# at 4M elements than 32 x 32 on one warp once the quads' scan carried what follows each quad,
+# equal at 1024x1024; session 19);
+# otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
 # only 8) on eight warps, four elements per thread (10-36% faster than 8 x 128 on one warp at
 # every such shape measured in session 18, slower at 1024+ envs with long rows); and 8 x 128
 # steps on one warp for the rest.
 TILE_ELEMENTS = 1024
 WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 128
 TIME_MAJOR_BLOCK_N = 8
-TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N = 1024, 32
+TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N, TIME_MAJOR_MANY_ENVS_ELEMENTS = 1024, 32, 2048
 WIDE_TILE_ELEMENTS, WIDE_TILE_BLOCK_N, WIDE_TILE_MIN_ENVS, WIDE_TILE_MIN_STEPS, WIDE_TILE_WARPS = 4096, 16, 8, 128, 8
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
@@ -354,9 +356,10 @@ def _quad_tile(
         _, _, after_alpha, after_beta = tl.associative_scan((d0, b0) + zero_and_one, 1, _compose_with_rest,
                                                             reverse=True)
     else:
-        # Scan the quads' maps, then read quad k + 1's result. For chunked tiles on several warps this
-        # measured 1-6% faster: Triton lays the gather's warps along envs, so the scan stays in each
-        # warp and only the tile's quarters cross warps, where the scan above would carry four values.
+        # Scan the quads' maps, then read quad k + 1's result. For chunked 16-env tiles on eight warps
+        # this measured 1-6% faster: Triton lays the gather's warps along envs, so the scan stays in
+        # each warp and only the tile's quarters cross warps, where the scan above would carry four
+        # values. (32-env tiles on two to four warps ran 2-4% faster with the scan above.)
         quad_alpha, quad_beta = tl.associative_scan((d0, b0), 1, _compose, reverse=True)
         k = tl.arange(0, NUM_QUADS)[None, :] + tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.int32)
         later = tl.minimum(k + 1, NUM_QUADS - 1)
@@ -390,7 +393,7 @@ def plan(
     the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
-    wide = False  # time-major tiles of 16 envs on several warps
+    wide = many = False  # time-major tiles of 16 envs on several warps; of 32 envs from 1024 envs
     if block is not None:
         block_n, block_t = block
     elif not time_major:
@@ -406,8 +409,11 @@ def plan(
         if wide:
             block_n = min(WIDE_TILE_BLOCK_N, envs)
             block_t = WIDE_TILE_ELEMENTS // block_n
+        elif many:
+            block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N
+            block_t = TIME_MAJOR_MANY_ENVS_ELEMENTS // block_n
         else:
-            block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N if many else TIME_MAJOR_BLOCK_N
+            block_n = TIME_MAJOR_BLOCK_N
             block_t = TILE_ELEMENTS // block_n
     block_n, block_t = min(block_n, envs), min(block_t, steps, max_block_t)
     num_chunks = triton.cdiv(max(num_steps, 1), block_t)
@@ -417,6 +423,10 @@ def plan(
         if wide:
             # Four elements per thread, as for whole env-major rows, on at most eight warps.
             num_warps = min(WIDE_TILE_WARPS, max(1, elements // 128))
+        elif many:
+            # Sixteen elements per thread (four warps for 32 x 64): the quads' scan crosses warps, which
+            # costs less than the resident warps gained (96 registers a thread instead of 166 on one warp).
+            num_warps = max(1, elements // 512)
         elif time_major and block_n > 1:
             # One warp: with more, Triton lays warps along time and the scan crosses them
             # through shared memory; with one, the time axis stays inside the warp.
@@ -444,9 +454,10 @@ class GaeLaunch:
     chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
     bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
-    on one warp or whole rows) are tuning knobs. `inclusive_every > 1` is for tests only: most chunks then
-    withhold their start advantage, so look-backs compose aggregates (see `_look_back`). A chunked
-    tile that `look_back_layout_ok` rejects raises `ValueError`.
+    but in chunked tiles of fewer than 32 envs on several warps) are tuning knobs.
+    `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
+    look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
+    rejects raises `ValueError`.
     """
 
     def __init__(
@@ -496,9 +507,10 @@ class GaeLaunch:
         probe = self.grid >= PROBE_MIN_PROGRAMS if probe is None else probe
         divides = num_envs % block_n == 0 and num_steps % block_t == 0
         even = divides if even is None else even and divides
-        # The quads' scan carries what follows each quad where it stays inside one warp or the tile holds
-        # whole rows (see `_quad_tile`).
-        rest_scan = self.num_warps == 1 or not self.chunked if rest_scan is None else rest_scan
+        # The quads' scan carries what follows each quad, but in chunked tiles of fewer than 32 envs on
+        # several warps (see `_quad_tile`).
+        if rest_scan is None:
+            rest_scan = self.num_warps == 1 or not self.chunked or block_n >= 32
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel

@@ -86,7 +86,7 @@ def quad_options(num_envs: int, num_steps: int, time_major: bool, block: tuple[i
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
 @pytest.mark.parametrize("num_envs,num_steps,block", [(9, 101, (8, 16)), (37, 127, (32, 16)), (7, 127, (8, 128)),
-                                                      (37, 3, (32, 32)), (3, 64, (8, 32))])
+                                                      (37, 3, (32, 32)), (3, 64, (8, 32)), (33, 200, (32, 64))])
 def test_quad_tiles_match_reference(num_envs, num_steps, block, density, time_major, rest_scan):
     # Steps 4k..4k+3 composed in registers, quads scanned, chunks joined: odd sizes, a row shorter
     # than one quad, rows that end inside a quad, chunked and whole rows; what follows each quad
@@ -106,11 +106,13 @@ def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap,
     assert_matches_oracle(rollout, launch_options=options, **bootstrap_overrides(rollout, bootstrap))
 
 
-def test_quads_scan_what_follows_each_quad_on_one_warp_or_whole_rows_and_gather_it_otherwise():
-    # The default: the scan carries it on one warp (32 x 32 tiles) and in tiles that hold whole rows
-    # (16 x 128 on eight warps); a gather reads it in chunked tiles on several warps (16 x 256 on eight).
+def test_quads_scan_what_follows_each_quad_but_in_chunked_16_env_tiles_on_several_warps():
+    # The default: the scan carries it in 32-env tiles (32 x 64 on four warps), on one warp (8 x 128)
+    # and in tiles that hold whole rows (16 x 128 on eight warps); a gather reads it in chunked
+    # 16-env tiles on eight warps.
     rest_scan_index = triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")
-    for num_envs, num_steps, warps, expected in [(2048, 1024, 1, True), (4096, 128, 8, True), (16, 4096, 8, False)]:
+    for num_envs, num_steps, warps, expected in [(2048, 1024, 4, True), (4096, 100, 1, True), (4096, 128, 8, True),
+                                                 (16, 4096, 8, False)]:
         rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
         launch = GaeLaunch(launch_tensors(rollout))
         assert launch.num_warps == warps
@@ -237,10 +239,10 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
     # Time-major: from 8 envs and 128 steps, 4096-element tiles of 16 envs (8 if there are 8) on eight warps...
     assert plan(4096, 128, True) == (16, 128, 1, 256, 8)
     assert plan(16, 65536, True) == (16, 256, 256, 256, 8) and plan(8, 65536, True)[:2] == (8, 512)
-    # ... but 32 x 32 on one warp from 1024 envs with rows longer than 128 steps, and 8 x 128 on one
-    # warp for fewer envs or shorter rows.
-    assert plan(16384, 1024, True) == (32, 32, 32, 16384, 1)
-    assert plan(1024, 1024, True)[:2] == (32, 32) and plan(1024, 128, True)[:2] == (16, 128)
+    # ... but 32 x 64 on four warps from 1024 envs with rows longer than 128 steps, and 8 x 128 on
+    # one warp for fewer envs or shorter rows.
+    assert plan(16384, 1024, True) == (32, 64, 16, 8192, 4)
+    assert plan(1024, 1024, True)[:2] == (32, 64) and plan(1024, 128, True)[:2] == (16, 128)
     assert plan(4, 131072, True) == (4, 128, 1024, 1024, 1) and plan(4096, 32, True)[:2] == (8, 32)
     for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
         block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
