@@ -16,6 +16,7 @@ by `kernels.gae.compute_gae`. The host side launches through a cache of compiled
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import threading
 
@@ -36,8 +37,10 @@ MAX_BLOCK_T = 1 << 16
 # equal at 1024x1024; session 19);
 # otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
 # only 8) on eight warps, four elements per thread (10-36% faster than 8 x 128 on one warp at
-# every such shape measured in session 18, slower at 1024+ envs with long rows); and 8 x 128
-# steps on one warp for the rest.
+# every such shape measured in session 18, slower at 1024+ envs with long rows; with 5-7 envs,
+# session 20: 25% faster at 6x65536, equal at 7x65536, 30% slower at 5x100000, whose odd step
+# stride leaves one-element loads); and 8 x 128 steps on one warp for the rest (2-4 envs: 4 x 128
+# and 2 x 128).
 TILE_ELEMENTS = 1024
 WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 128
 TIME_MAJOR_BLOCK_N = 8
@@ -92,6 +95,21 @@ def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
     if FLAG_AXIS >= 0:
         offsets = (offsets // 4) * 4 + offsets % 4
     return offsets
+
+
+@triton.jit
+def _multiple(x, ALIGN: tl.constexpr):
+    # `x`, known by the host to be a multiple of ALIGN: the product tells the compiler so (it folds
+    # the arithmetic into a mask of the low bits).
+    return (x // ALIGN) * ALIGN
+
+
+@triton.jit
+def _multiples(extent, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, ALIGN: tl.constexpr):
+    # `_multiple` of the contiguous axis's extent and of every tensor's stride along the other axis.
+    return (_multiple(extent, ALIGN), _multiple(rewards, ALIGN), _multiple(values, ALIGN),
+            _multiple(terminateds, ALIGN), _multiple(truncateds, ALIGN), _multiple(bootstrap, ALIGN),
+            _multiple(advantages, ALIGN), _multiple(returns, ALIGN))
 
 
 @triton.jit
@@ -265,7 +283,17 @@ def _gae_kernel(
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
     QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
+    ALIGN_AXIS: tl.constexpr, ALIGN: tl.constexpr,
 ):
+    # What the host checked (`alignment`), in a form Triton's alignment analysis reads: it only knows
+    # integers divisible by 16, so time-major rollouts of 4, 8 or 12 envs (a step stride of 4, 8 or
+    # 12) ran on one-element loads and stores instead of 16-byte vectors.
+    if ALIGN_AXIS == 1:  # time-major: the strides between steps, and the env count (the row masks)
+        N, stride_rt, stride_vt, stride_dt, stride_ut, stride_bt, stride_at, stride_gt = _multiples(
+            N, stride_rt, stride_vt, stride_dt, stride_ut, stride_bt, stride_at, stride_gt, ALIGN)
+    elif ALIGN_AXIS == 0:  # env-major: the strides between rows, and the step count (the step masks)
+        T, stride_rn, stride_vn, stride_dn, stride_un, stride_bn, stride_an, stride_gn = _multiples(
+            T, stride_rn, stride_vn, stride_dn, stride_un, stride_bn, stride_an, stride_gn, ALIGN)
     row_block = tl.program_id(0).to(tl.int64)
     chunk = 0
     if CHUNKED:
@@ -512,7 +540,8 @@ class GaeLaunch:
         if rest_scan is None:
             rest_scan = self.num_warps == 1 or not self.chunked or block_n >= 32
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
-                           inclusive_every, quads, probe and self.chunked, even, rest_scan and quads)
+                           inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
+                           *alignment(tensors, time_major))
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
         self.maxnreg = maxnreg
@@ -594,14 +623,18 @@ def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, nu
     H200 measurements in docs/benchmarks.md: 24% faster for 32-env time-major tiles (16384x1024,
     4096x4096, 1024x1024) and 14% for unchunked 8x128 ones (4096x128), 7% slower for chunked 8x128
     tiles of long rows (16x1M); the 16-env tiles on eight warps were measured with them (session 18).
-    So: time-major tiles of 32+ envs, or of 2+ envs holding whole rows or spread over several warps.
-    `prefer` overrides that choice. Either way the quarters must fill the program's threads:
-    Triton's scan leaves wrong values in lanes that hold copies (triton-lang/triton#2298), and the
-    quarters' scan results are read by every lane."""
+    Once the quads' scan carried what follows each quad and narrow rollouts' loads became vectors
+    (session 20), chunked one-warp tiles of 2 and 4 envs ran 4-11% faster with them too (4x131072,
+    4x1M, 3x200000, 2x262144), but 8-env ones (5-7 envs) mixed: 12% faster at 6x65536, 9-16% slower
+    at 5x100000 and 7x65536. So: time-major tiles of 32+ envs, or of 2+ envs holding whole rows,
+    spread over several warps, or at most 4 envs. `prefer` overrides that choice. Either way the
+    quarters must fill the program's threads: Triton's scan leaves wrong values in lanes that hold
+    copies (triton-lang/triton#2298), and the quarters' scan results are read by every lane."""
     fills = block_t >= 4 and block_n * (block_t // 4) >= 32 * num_warps
     if prefer is not None:
         return prefer and fills
-    return fills and time_major and (block_n >= 32 or (block_n > 1 and (num_chunks == 1 or num_warps > 1)))
+    several_envs = block_n > 1 and (num_chunks == 1 or num_warps > 1 or block_n <= 4)
+    return fills and time_major and (block_n >= 32 or several_envs)
 
 
 # From this many programs up (several waves of them), a chunk reads the next chunk's start advantage as it
@@ -636,6 +669,30 @@ def look_back_window(block_n: int, num_chunks: int) -> int:
     window = max(2, LOOK_BACK_WORDS // block_n) if 1 < block_n <= LOOK_BACK_WORDS else 1
     later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
     return max(1, min(window, later_chunks))
+
+
+# The widest vector a thread moves: 16 bytes of float32.
+MAX_ALIGN = 4
+
+
+def alignment(tensors: tuple, time_major: bool) -> tuple[int, int]:
+    """`(ALIGN_AXIS, ALIGN)`: a power of two, up to `MAX_ALIGN`, that divides every 2-D tensor's stride
+    along `ALIGN_AXIS` (time-major: between steps, 1; env-major: between rows, 0) and the problem's
+    extent along the other, contiguous axis; `(-1, 1)` if none does. With it the kernel's loads and
+    stores along the contiguous axis are `ALIGN`-element vectors (`_multiple`): 4x131072 time-major,
+    whose steps are 4 envs apart, had one-element loads only."""
+    values = tensors[1]
+    num_envs, num_steps = values.shape
+    if time_major:
+        axis, extent = 1, num_envs
+    elif values.stride(1) == 1:
+        axis, extent = 0, num_steps
+    else:
+        return -1, 1
+    multiple = math.gcd(extent, *(x.stride(axis) for x in tensors if x is not None and x.dim() == 2))
+    align = min(MAX_ALIGN, multiple & -multiple)  # the largest power of two that divides them all
+    # Triton specialises integers divisible by 16 itself: leave those kernels as they were.
+    return (axis, align) if align > 1 and multiple % 16 else (-1, 1)
 
 
 def flag_hint_axis(terminateds: torch.Tensor, truncateds: torch.Tensor, time_major: bool,
@@ -695,7 +752,7 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN")
+                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN", "ALIGN_AXIS", "ALIGN")
 
 
 def _active(hook):

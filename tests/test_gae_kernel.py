@@ -252,6 +252,20 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
         assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8, 16)
 
 
+def test_narrow_time_major_rows_scan_quads_on_tiles_of_up_to_4_envs():
+    # Chunked one-warp tiles: 2 and 4 envs as quads (session 20), 8 envs (5-7 envs' tiles) whole.
+    for num_envs, quads in [(2, True), (3, True), (4, True), (5, False), (7, False)]:
+        block_n, block_t, num_chunks, _, num_warps = plan(num_envs, 100_000, True)
+        assert num_chunks > 1 and num_warps == 1
+        assert uses_quads(True, block_n, block_t, num_chunks, num_warps) == quads, num_envs
+    # chunked 3-env tiles (one padded row, steps 3 apart: no vector alignment) take them, and are right
+    rollout = random_rollout(3, 300, density=0.05, time_major=True, device=DEVICE, seed=5)
+    launch = GaeLaunch(launch_tensors(rollout), block=(4, 32))
+    assert launch.chunked and launch.num_warps == 1
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("QUADS")]
+    assert_matches_oracle(rollout, launch_options={"block": (4, 32)})
+
+
 def test_outputs_are_allocated_in_the_layout_of_values():
     rollout = random_rollout(8, 16, time_major=True, device=DEVICE)
     advantages, returns = compute_gae(**rollout)
@@ -360,3 +374,51 @@ def test_flag_loads_are_hinted_only_where_flags_are_contiguous(time_major):
     # quarters of an env-major tile hold every fourth step: not contiguous; time-major quarters keep the hint
     tile = (128, 8) if time_major else (1, 1024)
     assert triton_gae.flag_hint_axis(flags, flags, time_major, tile, quads=True) == (0 if time_major else -1)
+
+
+def test_alignment_is_the_largest_power_of_two_dividing_the_strided_axis_and_the_contiguous_extent():
+    def of(num_envs, num_steps, time_major, outputs=None):
+        rollout = random_rollout(num_envs, num_steps, time_major=time_major, device=DEVICE)
+        return triton_gae.alignment(launch_tensors(rollout, outputs), time_major)
+
+    assert of(12, 50, True) == (1, 4)  # steps 12 envs apart: 16-byte vectors
+    assert of(6, 50, True) == (1, 2)
+    assert of(7, 50, True) == (-1, 1)
+    assert of(64, 50, True) == (-1, 1)  # divisible by 16: Triton knows without the hint
+    assert of(40, 50, True) == (1, triton_gae.MAX_ALIGN)
+    assert of(3, 1000, False) == (0, 4)  # rows 1000 steps apart
+    assert of(3, 1001, False) == (-1, 1)
+    # every tensor counts: outputs whose steps are 18 apart leave 2
+    outputs = [torch.empty(50, 18, device=DEVICE)[:, :12].T for _ in range(2)]
+    assert of(12, 50, True, outputs) == (1, 2)
+    # neither layout contiguous: nothing to vectorise
+    rollout = random_rollout(4, 8, device=DEVICE)
+    strided = {k: torch.empty(4, 16, dtype=v.dtype, device=DEVICE)[:, ::2] for k, v in rollout.items()}
+    assert triton_gae.alignment(launch_tensors(strided), False) == (-1, 1)
+
+
+@pytest.mark.parametrize("density", [0.05, 1.0])
+@pytest.mark.parametrize("num_envs,num_steps,time_major,block", [
+    (12, 200, True, (16, 32)),  # ragged row tile, 4-aligned steps, chunked
+    (6, 90, True, (8, 16)),  # 2-aligned
+    (12, 70, True, (4, 32)),  # tiles of 4 envs, chunked and ragged in time
+    (5, 100, False, (2, 32)),  # env-major rows 100 steps apart, ragged in time
+])
+def test_aligned_but_not_16_divisible_strides_match_reference(num_envs, num_steps, time_major, block, density):
+    rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE, seed=12)
+    assert triton_gae.alignment(launch_tensors(rollout), time_major)[1] > 1
+    assert_matches_oracle(rollout, launch_options={"block": block})
+    # outputs in a wider buffer: a smaller alignment, and the outputs' own strides honoured
+    width = num_envs + 2 if time_major else num_steps + 2
+    shape = (num_steps, width) if time_major else (num_envs, width)
+
+    def wide():
+        x = torch.full(shape, float("nan"), device=DEVICE)
+        return x[:, :num_envs].T if time_major else x[:, :num_steps]
+
+    advantages, returns = wide(), wide()
+    launch_gae(rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
+               rollout["bootstrap_values"], None, 0.99, 0.95, advantages, returns, block=block)
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
