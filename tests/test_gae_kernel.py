@@ -19,10 +19,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"rtol": 1e-5, "atol": 1e-4}
 
 
-def run_kernel(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
-    """Kernel outputs written into NaN-poisoned tensors laid out like the inputs."""
+def run_kernel(rollout, gamma=0.99, lam=0.95, launch_options=None, outputs=None, **overrides):
+    """Kernel outputs written into NaN-poisoned tensors: `outputs` if given, else laid out like the inputs."""
     args = {**rollout, **overrides}
-    advantages, returns = poisoned_like(args["values"]), poisoned_like(args["values"])
+    advantages, returns = outputs or (poisoned_like(args["values"]), poisoned_like(args["values"]))
     if launch_options is None:
         compute_gae(**args, gamma=gamma, lam=lam, advantages=advantages, returns=returns)
     else:
@@ -32,9 +32,9 @@ def run_kernel(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
     return advantages, returns
 
 
-def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, launch_options=None, **overrides):
+def assert_matches_oracle(rollout, gamma=0.99, lam=0.95, launch_options=None, outputs=None, **overrides):
     """The kernel's outputs, once checked against the float64 oracle."""
-    advantages, returns = run_kernel(rollout, gamma, lam, launch_options, **overrides)
+    advantages, returns = run_kernel(rollout, gamma, lam, launch_options, outputs, **overrides)
     expected_adv, expected_ret = oracle(rollout, gamma, lam, **overrides)
     assert not advantages.isnan().any() and not returns.isnan().any(), "an output element was not written"
     torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
@@ -416,9 +416,6 @@ def test_aligned_but_not_16_divisible_strides_match_reference(num_envs, num_step
         x = torch.full(shape, float("nan"), device=DEVICE)
         return x[:, :num_envs].T if time_major else x[:, :num_steps]
 
-    advantages, returns = wide(), wide()
-    launch_gae(rollout["rewards"], rollout["values"], rollout["terminateds"], rollout["truncateds"],
-               rollout["bootstrap_values"], None, 0.99, 0.95, advantages, returns, block=block)
-    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
-    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
-    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+    outputs = (wide(), wide())
+    assert triton_gae.alignment(launch_tensors(rollout, outputs), time_major)[1] == 2
+    assert_matches_oracle(rollout, launch_options={"block": block}, outputs=outputs)
