@@ -36,7 +36,8 @@ MAX_BLOCK_T = 1 << 16
 # at 4M elements than 32 x 32 on one warp once the quads' scan carried what follows each quad,
 # equal at 1024x1024; session 19);
 # otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
-# only 8) on eight warps, four elements per thread (10-36% faster than 8 x 128 on one warp at
+# only 8) on eight warps, four elements per thread, or on four warps from 2048 programs (see
+# WIDE_TILE_MANY_PROGRAMS) (10-36% faster than 8 x 128 on one warp at
 # every such shape measured in session 18, slower at 1024+ envs with long rows; with 5-7 envs,
 # session 20: 25% faster at 6x65536, equal at 7x65536, 30% slower at 5x100000, whose odd step
 # stride leaves one-element loads); and 8 x 128 steps on one warp for the rest (2-4 envs: 4 x 128
@@ -46,6 +47,11 @@ WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 12
 TIME_MAJOR_BLOCK_N = 8
 TIME_MAJOR_MANY_ENVS, TIME_MAJOR_MANY_ENVS_BLOCK_N, TIME_MAJOR_MANY_ENVS_ELEMENTS = 1024, 32, 2048
 WIDE_TILE_ELEMENTS, WIDE_TILE_BLOCK_N, WIDE_TILE_MIN_ENVS, WIDE_TILE_MIN_STEPS, WIDE_TILE_WARPS = 4096, 16, 8, 128, 8
+# From this many programs (several waves), the wide tiles run on four warps instead: 167 registers a
+# thread hold three programs per SM instead of two, and a program waiting in the look-back then idles
+# a third of its SM instead of half (16x1M time-major 135 -> 127 us, 32x1M 275-281 -> 251-256,
+# 128x65536 71 -> 69; slower on grids of about one wave: 16x65536 9.8 -> 10.8; sessions 20-21).
+WIDE_TILE_MANY_PROGRAMS, WIDE_TILE_WARPS_MANY_PROGRAMS = 2048, 4
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -449,8 +455,10 @@ def plan(
     if num_warps is None:
         elements = block_n * block_t
         if wide:
-            # Four elements per thread, as for whole env-major rows, on at most eight warps.
-            num_warps = min(WIDE_TILE_WARPS, max(1, elements // 128))
+            # Four elements per thread, as for whole env-major rows, on at most eight warps; four
+            # warps on grids of many programs (see WIDE_TILE_MANY_PROGRAMS).
+            warps = WIDE_TILE_WARPS_MANY_PROGRAMS if grid >= WIDE_TILE_MANY_PROGRAMS else WIDE_TILE_WARPS
+            num_warps = min(warps, max(1, elements // 128))
         elif many:
             # Sixteen elements per thread (four warps for 32 x 64): the quads' scan crosses warps, which
             # costs less than the resident warps gained (96 registers a thread instead of 166 on one warp).
@@ -482,7 +490,7 @@ class GaeLaunch:
     chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
     bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
-    but in chunked tiles of fewer than 32 envs on several warps) are tuning knobs.
+    but in chunked tiles of fewer than 32 envs on eight or more warps) are tuning knobs.
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
@@ -536,9 +544,9 @@ class GaeLaunch:
         divides = num_envs % block_n == 0 and num_steps % block_t == 0
         even = divides if even is None else even and divides
         # The quads' scan carries what follows each quad, but in chunked tiles of fewer than 32 envs on
-        # several warps (see `_quad_tile`).
+        # eight or more warps, where a gather measured faster (see `_quad_tile`).
         if rest_scan is None:
-            rest_scan = self.num_warps == 1 or not self.chunked or block_n >= 32
+            rest_scan = self.num_warps <= WIDE_TILE_WARPS_MANY_PROGRAMS or not self.chunked or block_n >= 32
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
                            *alignment(tensors, time_major))

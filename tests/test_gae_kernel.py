@@ -106,13 +106,13 @@ def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap,
     assert_matches_oracle(rollout, launch_options=options, **bootstrap_overrides(rollout, bootstrap))
 
 
-def test_quads_scan_what_follows_each_quad_but_in_chunked_16_env_tiles_on_several_warps():
-    # The default: the scan carries it in 32-env tiles (32 x 64 on four warps), on one warp (8 x 128)
-    # and in tiles that hold whole rows (16 x 128 on eight warps); a gather reads it in chunked
-    # 16-env tiles on eight warps.
+def test_quads_scan_what_follows_each_quad_but_in_chunked_16_env_tiles_on_eight_warps():
+    # The default: the scan carries it in 32-env tiles (32 x 64 on four warps), on one warp (8 x 128),
+    # in tiles that hold whole rows (16 x 128 on eight warps) and in chunked 16-env tiles on four
+    # warps (grids of 2048+ programs); a gather reads it in chunked 16-env tiles on eight warps.
     rest_scan_index = triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")
     for num_envs, num_steps, warps, expected in [(2048, 1024, 4, True), (4096, 100, 1, True), (4096, 128, 8, True),
-                                                 (16, 4096, 8, False)]:
+                                                 (16, 4096, 8, False), (16, 1 << 20, 4, True), (128, 65536, 4, True)]:
         rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
         launch = GaeLaunch(launch_tensors(rollout))
         assert launch.num_warps == warps
@@ -188,14 +188,19 @@ def test_tiles_that_divide_the_problem_run_unmasked_with_the_same_result():
     torch.testing.assert_close(unmasked[0], masked[0], rtol=1e-5, atol=1e-5)
 
 
-def test_wide_time_major_tiles_on_eight_warps_match_reference():
+@pytest.mark.parametrize("num_warps,rest_scan", [(8, False), (4, True)], ids=["eight_warps_gather", "four_warps_rest"])
+def test_wide_time_major_tiles_match_reference(num_warps, rest_scan):
     # 19 envs x 1800 steps (past the tiny path): 16-env tiles (one row block partly masked), chunked,
-    # scanned as quarters.
+    # scanned as quarters; on eight warps what follows each quad is gathered, on four (the plan's
+    # choice for grids of many programs) the scan carries it.
     rollout = random_rollout(19, 1800, density=0.05, time_major=True, device=DEVICE, seed=19)
-    block_n, block_t, num_chunks, _, num_warps = plan(19, 1800, True, 64)
-    assert (block_n, block_t, num_warps) == (16, 64, 8) and num_chunks == 29
+    block_n, block_t, num_chunks, _, planned_warps = plan(19, 1800, True, 64)
+    assert (block_n, block_t, planned_warps) == (16, 64, 8) and num_chunks == 29
     assert uses_quads(True, block_n, block_t, num_chunks, num_warps)
-    assert_matches_oracle(rollout, launch_options={"max_block_t": 64})
+    options = {"max_block_t": 64, "num_warps": num_warps}
+    launch = GaeLaunch(launch_tensors(rollout), **options)
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")] is rest_scan
+    assert_matches_oracle(rollout, launch_options=options)
 
 
 def test_chunked_tiles_whose_rows_some_warps_hold_twice_are_refused():
@@ -240,6 +245,9 @@ def test_plan_covers_every_element_with_power_of_two_tiles():
     # Time-major: from 8 envs and 128 steps, 4096-element tiles of 16 envs (8 if there are 8) on eight warps...
     assert plan(4096, 128, True) == (16, 128, 1, 256, 8)
     assert plan(16, 65536, True) == (16, 256, 256, 256, 8) and plan(8, 65536, True)[:2] == (8, 512)
+    # ... on four warps from 2048 programs (three programs per SM instead of two).
+    assert plan(16, 2047 * 256, True)[3:] == (2047, 8) and plan(16, 2048 * 256, True)[3:] == (2048, 4)
+    assert plan(16, 1 << 20, True) == (16, 256, 4096, 4096, 4) and plan(8, 1 << 20, True) == (8, 512, 2048, 2048, 4)
     # ... but 32 x 64 on four warps from 1024 envs with rows longer than 128 steps, and 8 x 128 on
     # one warp for fewer envs or shorter rows.
     assert plan(16384, 1024, True) == (32, 64, 16, 8192, 4)
