@@ -546,7 +546,7 @@ class GaeLaunch:
         # The quads' scan carries what follows each quad, but in chunked tiles of fewer than 32 envs on
         # eight or more warps, where a gather measured faster (see `_quad_tile`).
         if rest_scan is None:
-            rest_scan = self.num_warps <= WIDE_TILE_WARPS_MANY_PROGRAMS or not self.chunked or block_n >= 32
+            rest_scan = self.num_warps < WIDE_TILE_WARPS or not self.chunked or block_n >= 32
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
                            *alignment(tensors, time_major))
