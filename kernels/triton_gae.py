@@ -36,12 +36,12 @@ MAX_BLOCK_T = 1 << 16
 # at 4M elements than 32 x 32 on one warp once the quads' scan carried what follows each quad,
 # equal at 1024x1024; session 19);
 # otherwise, from 8 envs and 128 steps up, 4096-element tiles of 16 envs (8 if there are
-# only 8) on eight warps, four elements per thread, or on four warps from 2048 programs (see
-# WIDE_TILE_MANY_PROGRAMS) (10-36% faster than 8 x 128 on one warp at
-# every such shape measured in session 18, slower at 1024+ envs with long rows; with 5-7 envs,
-# session 20: 25% faster at 6x65536, equal at 7x65536, 30% slower at 5x100000, whose odd step
-# stride leaves one-element loads); and 8 x 128 steps on one warp for the rest (2-4 envs: 4 x 128
-# and 2 x 128).
+# only 8), four elements per thread, on eight warps, or on four from 2048 programs up (see
+# WIDE_TILE_MANY_PROGRAMS). They were 10-36% faster than 8 x 128 on one warp at every such
+# shape measured in session 18, slower at 1024+ envs with long rows; with 5-7 envs, session 20
+# measured them 25% faster at 6x65536, equal at 7x65536 and 30% slower at 5x100000, whose odd step
+# stride leaves one-element loads, so those keep the rest's tiles: 8 x 128 steps on one warp
+# (2-4 envs: 4 x 128 and 2 x 128).
 TILE_ELEMENTS = 1024
 WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 128
 TIME_MAJOR_BLOCK_N = 8
