@@ -234,11 +234,13 @@ def main() -> None:
                              "registers per thread), :quads or :whole (the four-quarter scan on or off), +p "
                              "(the early read of the next chunk on), +m (bounds masks kept) and +r / +g (the "
                              "quads' scan carries what follows each quad / a gather reads it)")
-    parser.add_argument("--done-rate", type=float, default=0.001,
-                        help="--sweep: the fraction of steps that end an episode (the table keeps 0.001)")
+    parser.add_argument("--done-rate", type=float,
+                        help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,
                         help="--sweep: gamma and lambda both set to this (1.0 with --done-rate 0: unbroken chains)")
     args = parser.parse_args()
+    if not args.sweep and (args.done_rate is not None or args.gamma_lam is not None):
+        parser.error("--done-rate and --gamma-lam apply to --sweep only (the table keeps the issue's inputs)")
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
     if args.sweep:
@@ -282,19 +284,21 @@ def main() -> None:
 
 def sweep_tiles(args) -> None:
     """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
-    A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 is marked '!'."""
+    A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 (relative to the
+    largest advantage, where that exceeds 1) is marked '!'."""
     configs = [parse_tile(label) for label in args.configs]
     labels = args.configs
     gamma, lam = (GAMMA, LAM) if args.gamma_lam is None else (args.gamma_lam, args.gamma_lam)
+    done_rate = 0.001 if args.done_rate is None else args.done_rate
     print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
-          f"copy = the same bytes copied; done rate {args.done_rate:g}, gamma {gamma:g}, lambda {lam:g}")
+          f"copy = the same bytes copied; done rate {done_rate:g}, gamma {gamma:g}, lambda {lam:g}")
     print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
     for spec in args.shapes:
         num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
         nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
         calls = max(5, min(100, int(2e8 // nbytes)))
         for layout in args.layouts:
-            x = make_inputs(num_envs, num_steps, layout == "time", args.done_rate)
+            x = make_inputs(num_envs, num_steps, layout == "time", done_rate)
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
             copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
