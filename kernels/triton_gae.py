@@ -241,12 +241,16 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
         while tl.max(pending.to(tl.int32), axis=0) > 0:
             # One round reads the words of up to WINDOW later chunks, then composes them in time
             # order. The addresses and masks do not depend on what earlier reads returned, so the
-            # reads go out together: one trip to L2 per round. (One-dimensional on purpose: a 2-D
-            # [BLOCK_N, WINDOW] window with a scan across it is smaller than the thread count for
-            # small tiles, and Triton's scan leaves the replicated threads' copies wrong; see
-            # triton-lang/triton#2298. It gave wrong advantages on the H200. One that fills the threads,
-            # a (chunk, row) each, is right but measured 1-12% slower time-major and 1.3-1.8x env-major:
-            # its scan crosses warps every round; kernels/README.md, session 22.)
+            # reads could all go out together. ptxas does not always issue them so: for 16-env tiles
+            # it issues the second chunk's reads once the first chunk's have returned and been used,
+            # two trips to L2 a round (seen in the SASS). Forcing one trip, by making every use depend
+            # on every read, measured 11-15% slower on long time-major rows (session 22), so the
+            # schedule is left to ptxas.
+            # The window is one-dimensional on purpose. A 2-D [BLOCK_N, WINDOW] window with a scan
+            # across it is smaller than the thread count for small tiles, and Triton's scan leaves the
+            # replicated threads' copies wrong (triton-lang/triton#2298; wrong advantages on the H200).
+            # One that fills the threads, a (chunk, row) each, is right but measured 1-12% slower
+            # time-major and 1.3-1.8x env-major: its scan crosses warps every round (session 22).
             base = j
             live = pending
             going = pending  # rows whose reads so far this round were all ready aggregates
