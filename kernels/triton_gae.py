@@ -10,7 +10,8 @@ they have it and their exact start advantage once they know it.
 
 The math and the look-back protocol are explained in `kernels/README.md`; arguments were validated
 by `kernels.gae.compute_gae`. The host side launches through a cache of compiled kernels (see
-`GaeLaunch`), because Triton's generic launch path costs about 0.7 us per argument on a slow host.
+`GaeLaunch`), because Triton's generic launch path costs about 0.7 us per argument on a slow host,
+and replays a CUDA graph of a call that repeats (`GaeLaunch._replay_or_capture`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import os
 import threading
+import warnings
 
 import torch
 import triton
@@ -500,6 +503,10 @@ class GaeLaunch:
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
+
+    `graphs` (default: on CUDA, for launches without a look-back, unless `RL_TRITON_CUDA_GRAPHS=0`):
+    a call repeated with the same data pointers, `gamma` and `lam`, as a training loop's is,
+    replays a CUDA graph of its launch instead of launching (`_replay_or_capture`).
     """
 
     def __init__(
@@ -515,6 +522,7 @@ class GaeLaunch:
         probe: bool | None = None,
         even: bool | None = None,
         rest_scan: bool | None = None,
+        graphs: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -562,10 +570,19 @@ class GaeLaunch:
         self.key = (self.device, self.num_warps, maxnreg, self.constexprs, terminateds.dtype, truncated.dtype,
                     self.ints)
         self.kernel = None  # the compiled kernel, once known
+        # Chunked launches stay eager: a graph replays its look-back epoch as captured, so each replay
+        # would need its state zeroed first, a memset on the device path of every call.
+        if graphs is None:
+            graphs = _CUDA_GRAPHS
+        self.graphs = {} if graphs and self.device.type == "cuda" and not self.chunked and _knobs else None
+        self.last_call = None  # the key of the previous call: a repeated one is captured
+        self.replays = 0
 
     def __call__(self, tensors: tuple, pointers: list[int], gamma: float, lam: float) -> None:
         """Launch on `tensors` (the eight of the signature this launch was planned for), whose
         `data_ptr()`s are `pointers` (0 for an absent tensor)."""
+        if self.graphs is not None and self._replay_or_capture(tensors, pointers, gamma, lam):
+            return
         kernel_pointers = [pointers[i] for i in self.slots]
         if not self.chunked:
             kernel_pointers.append(kernel_pointers[1])  # the look-back state: unused
@@ -577,6 +594,57 @@ class GaeLaunch:
             state, epoch = _look_back_state(self.device, self.state_words)
             kernel_pointers.append(state.data_ptr())
             self._launch(tensors, kernel_pointers, state, (gamma, gamma * lam, epoch))
+
+    def _replay_or_capture(self, tensors: tuple, pointers: list[int], gamma: float, lam: float) -> bool:
+        """Replay the CUDA graph of this exact call (same pointers and scalars: the same kernel
+        arguments), capturing it on the call's second occurrence in a row; False: launch eagerly.
+
+        On the H200 host a graph replay costs the host about 2.3 us against about 7 us for the direct
+        launch (docs/benchmarks.md, session 23). The replay reads the tensors' memory as it is now and
+        runs on the current stream, as the launch would. Not under a capture of the caller's own
+        (the launch is captured there instead), not while a Triton launch hook watches launches,
+        and not for a tensor on another device than the current one."""
+        key = (*pointers, gamma, lam)
+        graph = self.graphs.get(key)
+        if graph is None and key != self.last_call:
+            self.last_call = key
+            return False
+        if (torch.cuda.is_current_stream_capturing() or not _on_current_device(self.device)
+                or _active(_knobs.runtime.launch_enter_hook) is not None
+                or _active(_knobs.runtime.launch_exit_hook) is not None):
+            return False
+        if graph is None:
+            graph = self._capture(tensors, pointers, gamma, lam)
+            if graph is None:
+                return False
+        graph.replay()
+        self.replays += 1
+        return True
+
+    def _capture(self, tensors: tuple, pointers: list[int], gamma: float, lam: float):
+        """A CUDA graph of this call's launch (captured, not run), or None where the launch does not
+        take the direct path or the capture fails; then graphs are off for this launch."""
+        kernel_pointers = [pointers[i] for i in self.slots] + [pointers[1]]  # the unused state slot
+        if (self.kernel or _compiled.get(self.key)) is None or functools.reduce(operator.or_, kernel_pointers) % 16:
+            return None  # not yet compiled, or misaligned: Triton's generic path, not captured
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with _capture_lock, torch.cuda.stream(_capture_stream(self.device)):
+                # Thread-local: other threads' CUDA calls (an env's, a logger's) do not break the capture.
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self._launch(tensors, kernel_pointers, None, (gamma, gamma * lam, 1))
+                finally:
+                    graph.capture_end()
+        except RuntimeError as error:
+            warnings.warn(f"compute_gae: capturing a CUDA graph of the launch failed ({error}); "
+                          "this signature launches eagerly from now on", RuntimeWarning, stacklevel=4)
+            self.graphs = None
+            return None
+        if len(self.graphs) >= _MAX_GRAPHS:
+            self.graphs.clear()
+        self.graphs[(*pointers, gamma, lam)] = graph
+        return graph
 
     def _launch(self, tensors: tuple, pointers: list[int], state: torch.Tensor | None, floats: tuple) -> None:
         aligned = functools.reduce(operator.or_, pointers) % 16 == 0
@@ -772,6 +840,24 @@ _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOC
 def _active(hook):
     """`hook`, or None when it would do nothing (Triton >= 3.5 installs empty hook chains)."""
     return None if hook is None or getattr(hook, "calls", None) == [] else hook
+
+
+# CUDA graphs of repeated launches (`GaeLaunch._replay_or_capture`): on unless RL_TRITON_CUDA_GRAPHS=0,
+# read once at import. Each launch keeps a few, one per set of data pointers and scalars it was
+# called with twice in a row; a training loop's buffer needs one.
+CUDA_GRAPHS_ENV = "RL_TRITON_CUDA_GRAPHS"
+_CUDA_GRAPHS = os.environ.get(CUDA_GRAPHS_ENV, "1") not in ("", "0")
+_MAX_GRAPHS = 8
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+_capture_lock = threading.Lock()  # one capture at a time on a device's capture stream
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream of our own to capture on: capture needs one other than the default stream."""
+    stream = _capture_streams.get(device)
+    if stream is None:
+        stream = _capture_streams[device] = torch.cuda.Stream(device)
+    return stream
 
 
 _single_gpu: bool | None = None

@@ -6,7 +6,8 @@
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
   device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
-            runs them without launch gaps (eager, as training calls it; not a CUDA graph)
+            runs them without launch gaps, as training calls it: repeated calls without a look-back
+            replay a CUDA graph of their launch (kernels/README.md, section 5), the others launch
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes
@@ -16,6 +17,8 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
   call/empty  the full call over a launch of an empty one-argument Triton kernel: the median of
             the ratios of neighbouring blocks of each, alternated (the host's launch cost drifts
             within a run, 11-18 us on the H200 host; a yardstick timed minutes apart drifts with it)
+  eager/empty, eager dev  where the call replays a CUDA graph of its launch (repeated calls without a
+            look-back): call/empty and the device time again with the launch eager, for comparison
 Times are medians. Small shapes are launch-bound; compare them only inside one run.
 """
 
@@ -34,6 +37,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import compute_gae  # noqa: E402
+from kernels import gae as gae_module  # noqa: E402
 
 DEFAULT_SHAPES = ["1x2048", "64x256", "4096x32", "4096x128", "1024x1024", "16384x1024",
                   "16x65536", "4x131072", "1x1048576", "16x1048576"]
@@ -267,7 +271,8 @@ def main() -> None:
     compile_state = {"combine": None, "spent": 0.0, "enabled": not args.no_compile}
     rows = []
     header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'device us':>9} {'GB/s':>7} {'%copy':>6} "
-              f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'empty us':>8} {'call/empty':>10} {'max err':>8}")
+              f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'empty us':>8} {'call/empty':>10} {'max err':>8} "
+              f"{'eager/empty':>11} {'eager dev':>9}")
     print(header, flush=True)
     for spec in args.shapes:
         for layout in args.layouts:
@@ -276,7 +281,8 @@ def main() -> None:
             print(f"{spec:>12} {layout:>6} {row['call_us']:9.2f} {row['device_us']:9.2f} {row['gb_per_s']:7.0f} "
                   f"{100 * row['fraction_of_copy_bw']:5.0f}% {row['copy_us']:8.2f} {row['loop_us']:10.0f} "
                   f"{row['compile_us']:10.2f} {row['empty_us']:8.2f} {row['call_over_empty']:10.2f} "
-                  f"{row['max_abs_error']:8.1e}", flush=True)
+                  f"{row['max_abs_error']:8.1e} {row['eager_over_empty']:11.2f} {row['eager_device_us']:9.2f}",
+                  flush=True)
             torch.cuda.empty_cache()
 
     empty_after = median_time_us(empty_launch, 200)
@@ -385,7 +391,11 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
     call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
     device_us = queued_time_us(ours, calls)
+    eager = eager_times(ours, x, max(calls, 50))
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
+    if small_rows:  # check what the timed calls ran (a graph replay, where they replay one)
+        x["advantages"].fill_(float("nan"))
+        ours()
     error = reference_check(x) if small_rows else float("nan")
 
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
@@ -431,7 +441,27 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     gbps = nbytes / (device_us * 1e-6) / 1e9
     return {"shape": spec, "layout": layout, "call_us": call_us, "device_us": device_us, "gb_per_s": gbps,
             "fraction_of_copy_bw": copy_us / device_us, "copy_us": copy_us, "loop_us": loop_us,
-            "compile_us": compile_us, "max_abs_error": error, "empty_us": empty_us, "call_over_empty": call_over_empty}
+            "compile_us": compile_us, "max_abs_error": error, "empty_us": empty_us, "call_over_empty": call_over_empty,
+            **eager}
+
+
+def eager_times(ours, x: dict[str, torch.Tensor], calls: int) -> dict[str, float]:
+    """Where `compute_gae` replays a CUDA graph of this call's launch: the call again with the
+    launch eager (as before session 23), timed the same way, a few ms from the replays. NaN where
+    it launches eagerly anyway (launches with a look-back)."""
+    tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
+               x["advantages"], x["returns"])
+    launch = gae_module._runs.get(gae_module._lookup(tensors)[0])
+    graphs = getattr(launch, "graphs", None)
+    if not graphs:
+        return {"eager_call_us": float("nan"), "eager_over_empty": float("nan"), "eager_device_us": float("nan")}
+    launch.graphs = None
+    try:
+        eager_us, _, eager_over_empty = paired_time_us(ours, empty_launch, calls)
+        eager_device_us = queued_time_us(ours, calls)
+    finally:
+        launch.graphs = graphs
+    return {"eager_call_us": eager_us, "eager_over_empty": eager_over_empty, "eager_device_us": eager_device_us}
 
 
 def pick_combine_order(x, gae_args):

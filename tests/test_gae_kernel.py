@@ -344,6 +344,112 @@ def test_repeated_calls_reuse_the_compiled_kernel_correctly():
     assert_matches_oracle(shifted)
 
 
+def run_of(rollout, outputs):
+    """What `compute_gae` keeps for this call's signature (a `GaeLaunch` on the Triton path)."""
+    from kernels import gae
+
+    _, run = gae._lookup(launch_tensors(rollout, outputs))
+    return run
+
+
+def refill(rollout, outputs, seed):
+    """New rewards and values in the same memory, and NaN-poisoned outputs: a replay must read the
+    tensors as they are now and write every element."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for name in ("rewards", "values"):
+        rollout[name].copy_(torch.randn(rollout[name].shape, device="cuda", generator=g))
+    for out in outputs:
+        out.fill_(float("nan"))
+
+
+needs_cuda_graphs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
+
+
+@needs_cuda_graphs
+@pytest.mark.parametrize("num_envs,num_steps,time_major", [(1, 2048, False), (64, 256, True), (7, 127, False)])
+def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major):
+    # The launch is kept per signature across tests, and freed tensors' addresses come back: count
+    # this test's graphs by their keys, and its replays from its first call on.
+    rollout = random_rollout(num_envs, num_steps, density=0.05, time_major=time_major, device="cuda", seed=60)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    assert_matches_oracle(rollout, outputs=outputs)
+    launch = run_of(rollout, outputs)
+    replays = launch.replays
+    for call in range(3):
+        refill(rollout, outputs, seed=call)
+        assert_matches_oracle(rollout, outputs=outputs)
+    assert launch.replays >= replays + 2, "the repeated call was not replayed"
+    assert graph_key(rollout, outputs) in launch.graphs
+    # Other scalars are other kernel arguments: a graph of their own.
+    for call in range(3):
+        refill(rollout, outputs, seed=10 + call)
+        assert_matches_oracle(rollout, gamma=0.9, lam=0.5, outputs=outputs)
+    assert graph_key(rollout, outputs, 0.9, 0.5) in launch.graphs
+    # Other outputs (other pointers) with the same signature: their own graph, the right numbers.
+    other = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    for _ in range(3):
+        other[0].fill_(float("nan"))
+        assert_matches_oracle(rollout, outputs=other)
+    assert graph_key(rollout, other) in launch.graphs
+
+
+def graph_key(rollout, outputs, gamma=0.99, lam=0.95):
+    """The key of the graph a call replays: its tensors' data pointers and its scalars."""
+    return (*[0 if x is None else x.data_ptr() for x in launch_tensors(rollout, outputs)], gamma, lam)
+
+
+@needs_cuda_graphs
+def test_replays_run_on_the_current_stream():
+    rollout = random_rollout(64, 256, density=0.05, time_major=True, device="cuda", seed=61)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    assert_matches_oracle(rollout, outputs=outputs)
+    launch = run_of(rollout, outputs)
+    replays = launch.replays
+    assert_matches_oracle(rollout, outputs=outputs)  # captured and replayed on the default stream
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in range(3):
+            # New data queued on this stream behind a sleep: a replay on another stream would run
+            # before it lands, and its outputs would be the previous data's.
+            torch.cuda._sleep(1_000_000)
+            refill(rollout, outputs, seed=20 + call)
+            assert_matches_oracle(rollout, outputs=outputs)
+    assert launch.replays == replays + 4
+
+
+@needs_cuda_graphs
+def test_a_callers_capture_takes_the_launch_not_a_replay():
+    rollout = random_rollout(1, 2048, density=0.05, device="cuda", seed=62)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    for _ in range(3):
+        run_kernel(rollout, outputs=outputs)
+    launch = run_of(rollout, outputs)
+    replays = launch.replays
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        compute_gae(**rollout, advantages=outputs[0], returns=outputs[1])
+    assert launch.replays == replays
+    refill(rollout, outputs, seed=30)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(outputs[0].cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(outputs[1].cpu().double(), expected_ret, **TOL)
+
+
+def test_graphs_only_for_launches_without_look_back(monkeypatch):
+    unchunked = launch_tensors(random_rollout(7, 127, device=DEVICE))
+    chunked = launch_tensors(random_rollout(4, 3000, device=DEVICE))
+    assert GaeLaunch(chunked).chunked and GaeLaunch(chunked).graphs is None
+    assert GaeLaunch(unchunked, graphs=False).graphs is None
+    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
+    assert GaeLaunch(unchunked).graphs is None
+    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", True)
+    # Only CUDA launches replay graphs; the interpreter launches every call.
+    assert (GaeLaunch(unchunked).graphs is not None) == (DEVICE == "cuda")
+
+
 def test_look_back_state_is_reused_across_calls_and_shapes():
     # The state buffer is not zeroed between calls: each call's words carry its epoch. Calls of
     # different shapes on one buffer must all be right.
