@@ -3,8 +3,9 @@
     python scripts/profile_gae_overhead.py
 
 Prints the host time per call (many calls back to back, then one sync) of an empty Triton kernel
-with 1 and with 36 arguments, the GAE kernel launched directly, `launch_gae`, `compute_gae`, a few
-torch primitives, and a cProfile of compute_gae. Compare the lines inside one run only.
+with 1 and with 36 arguments, `launch_gae` (plans every call), `compute_gae` (repeated production
+calls replay a CUDA graph; once more with graphs off), a few torch primitives, and a cProfile of
+compute_gae. Compare the lines inside one run only.
 """
 
 from __future__ import annotations
@@ -73,7 +74,21 @@ def main() -> None:
     for name, fn in rows:
         print(f"{name:45s} {host_us(fn):8.2f} us/call (host)", flush=True)
 
-    from kernels import triton_gae
+    from kernels import gae, triton_gae
+
+    # The rows above replay CUDA graphs where compute_gae does (repeated calls without a look-back);
+    # the same production call again with every launch eager, and the yardstick again beside it.
+    x = random_rollout(1, 2048, device="cuda")
+    adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
+    graphs, triton_gae._CUDA_GRAPHS = triton_gae._CUDA_GRAPHS, False
+    gae._runs.clear()
+    print(f"{'compute_gae 1x2048, graphs off (launched)':45s} "
+          f"{host_us(lambda: compute_gae(**x, advantages=adv, returns=ret)):8.2f} us/call (host)")
+    triton_gae._CUDA_GRAPHS = graphs
+    gae._runs.clear()
+    print(f"{'compute_gae 1x2048, graphs on (replayed)':45s} "
+          f"{host_us(lambda: compute_gae(**x, advantages=adv, returns=ret)):8.2f} us/call (host)")
+    print(f"{'empty kernel, 1 arg':45s} {host_us(lambda: _empty_1[(1,)](dev)):8.2f} us/call (host)", flush=True)
 
     print(f"# compiled kernels cached for the direct launch: {len(triton_gae._compiled)}; "
           f"launch_enter_hook: {triton_gae._knobs.runtime.launch_enter_hook if triton_gae._knobs else 'no knobs'}")
