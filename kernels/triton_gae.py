@@ -504,9 +504,9 @@ class GaeLaunch:
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
 
-    `graphs` (default: on CUDA, for launches without a look-back, unless `RL_TRITON_CUDA_GRAPHS=0`):
-    a call repeated with the same data pointers, `gamma` and `lam`, as a training loop's is,
-    replays a CUDA graph of its launch instead of launching (`_replay_or_capture`).
+    `graphs` (default: on CUDA, unless `RL_TRITON_CUDA_GRAPHS=0`): a call repeated with the same
+    data pointers, `gamma` and `lam`, as a training loop's is, replays a CUDA graph of its launch
+    instead of launching (`_replay_or_capture`).
     """
 
     def __init__(
@@ -570,11 +570,13 @@ class GaeLaunch:
         self.key = (self.device, self.num_warps, maxnreg, self.constexprs, terminateds.dtype, truncated.dtype,
                     self.ints)
         self.kernel = None  # the compiled kernel, once known
-        # Chunked launches stay eager: a graph replays its look-back epoch as captured, so each replay
-        # would need its state zeroed first, a memset on the device path of every call.
+        # A chunked launch's graphs alternate two epochs over a look-back state of their own (see
+        # `_capture`). That needs every word a walk can read rewritten by every call, which tests that
+        # withhold start advantages (`inclusive_every > 1`) break: those launch eagerly.
         if graphs is None:
             graphs = _CUDA_GRAPHS
-        self.graphs = {} if graphs and self.device.type == "cuda" and not self.chunked and _knobs else None
+        graphs = graphs and self.device.type == "cuda" and _knobs is not None
+        self.graphs = {} if graphs and (not self.chunked or inclusive_every == 1) else None
         self.last_call = None  # the key of the previous call: a repeated one is captured
         self.replays = 0
 
@@ -605,46 +607,61 @@ class GaeLaunch:
         (the launch is captured there instead), not while a Triton launch hook watches launches,
         and not for a tensor on another device than the current one."""
         key = (*pointers, gamma, lam)
-        graph = self.graphs.get(key)
-        if graph is None and key != self.last_call:
+        if self.chunked:  # a replay's look-back state is used on the stream it was made for
+            key += (triton.runtime.driver.active.get_current_stream(self.device.index),)
+        graphs = self.graphs.get(key)
+        if graphs is None and key != self.last_call:
             self.last_call = key
             return False
         if (torch.cuda.is_current_stream_capturing() or not _on_current_device(self.device)
                 or _active(_knobs.runtime.launch_enter_hook) is not None
                 or _active(_knobs.runtime.launch_exit_hook) is not None):
             return False
-        if graph is None:
-            graph = self._capture(tensors, pointers, gamma, lam)
-            if graph is None:
+        if graphs is None:
+            graphs = self._capture(tensors, pointers, gamma, lam)
+            if graphs is None:
                 return False
-        graph.replay()
+            if len(self.graphs) >= _MAX_GRAPHS:
+                self.graphs.clear()
+            self.graphs[key] = graphs
+        graphs.replay()
         self.replays += 1
         return True
 
-    def _capture(self, tensors: tuple, pointers: list[int], gamma: float, lam: float):
-        """A CUDA graph of this call's launch (captured, not run), or None where the launch does not
-        take the direct path or the capture fails; then graphs are off for this launch."""
-        kernel_pointers = [pointers[i] for i in self.slots] + [pointers[1]]  # the unused state slot
+    def _capture(self, tensors: tuple, pointers: list[int], gamma: float, lam: float) -> _Graphs | None:
+        """CUDA graphs of this call's launch (captured, not run), or None where the launch does not
+        take the direct path or the capture fails; then graphs are off for this launch.
+
+        A launch without a look-back is one graph. A chunked one is two, over a look-back state of
+        their own, zeroed here, and replayed in turn on the current stream: one publishes its words
+        with epoch 1, the other with epoch 2. Every call rewrites every word a walk can read, so a
+        replay finds only the other epoch's words until this call's are written, as an eager call
+        finds the previous call's epoch: nothing is zeroed per call, and no graph replays with itself
+        (CUDA orders a graph's launches), or with its twin, on two streams at once (the key has the
+        stream)."""
+        state = torch.zeros(self.state_words, dtype=torch.int64, device=self.device) if self.chunked else None
+        kernel_pointers = [pointers[i] for i in self.slots]
+        kernel_pointers.append(pointers[1] if state is None else state.data_ptr())  # pointers[1]: unused
         if (self.kernel or _compiled.get(self.key)) is None or functools.reduce(operator.or_, kernel_pointers) % 16:
             return None  # not yet compiled, or misaligned: Triton's generic path, not captured
-        graph = torch.cuda.CUDAGraph()
+        graphs = []
         try:
             with _capture_lock, torch.cuda.stream(_capture_stream(self.device)):
-                # Thread-local: other threads' CUDA calls (an env's, a logger's) do not break the capture.
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    self._launch(tensors, kernel_pointers, None, (gamma, gamma * lam, 1))
-                finally:
-                    graph.capture_end()
+                for epoch in (1, 2) if self.chunked else (1,):
+                    graph = torch.cuda.CUDAGraph()
+                    # Thread-local: other threads' CUDA calls (an env's, a logger's) do not break it.
+                    graph.capture_begin(capture_error_mode="thread_local")
+                    try:
+                        self._launch(tensors, kernel_pointers, state, (gamma, gamma * lam, epoch))
+                    finally:
+                        graph.capture_end()
+                    graphs.append(graph)
         except RuntimeError as error:
             warnings.warn(f"compute_gae: capturing a CUDA graph of the launch failed ({error}); "
                           "this signature launches eagerly from now on", RuntimeWarning, stacklevel=4)
             self.graphs = None
             return None
-        if len(self.graphs) >= _MAX_GRAPHS:
-            self.graphs.clear()
-        self.graphs[(*pointers, gamma, lam)] = graph
-        return graph
+        return _Graphs(graphs, state)
 
     def _launch(self, tensors: tuple, pointers: list[int], state: torch.Tensor | None, floats: tuple) -> None:
         aligned = functools.reduce(operator.or_, pointers) % 16 == 0
@@ -858,6 +875,20 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     if stream is None:
         stream = _capture_streams[device] = torch.cuda.Stream(device)
     return stream
+
+
+class _Graphs:
+    """The CUDA graphs of one repeated call, replayed in turn, and the look-back state they share
+    (None without a look-back), which they keep alive."""
+
+    __slots__ = ("graphs", "state", "turn")
+
+    def __init__(self, graphs: list, state: torch.Tensor | None):
+        self.graphs, self.state, self.turn = graphs, state, 0
+
+    def replay(self) -> None:
+        self.graphs[self.turn].replay()
+        self.turn = (self.turn + 1) % len(self.graphs)
 
 
 _single_gpu: bool | None = None

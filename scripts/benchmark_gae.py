@@ -6,8 +6,8 @@
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
   device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
-            runs them without launch gaps, as training calls it: repeated calls without a look-back
-            replay a CUDA graph of their launch (kernels/README.md, section 5), the others launch
+            runs them without launch gaps, as training calls it: repeated calls replay CUDA graphs of
+            their launch (kernels/README.md, section 5)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes
@@ -17,8 +17,8 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
   call/empty  the full call over a launch of an empty one-argument Triton kernel: the median of
             the ratios of neighbouring blocks of each, alternated (the host's launch cost drifts
             within a run, 11-18 us on the H200 host; a yardstick timed minutes apart drifts with it)
-  eager/empty, eager dev  where the call replays a CUDA graph of its launch (repeated calls without a
-            look-back): call/empty and the device time again with the launch eager, for comparison
+  eager/empty, eager dev  call/empty and the device time again with the launch eager (graphs off),
+            for comparison
 Times are medians. Small shapes are launch-bound; compare them only inside one run.
 """
 
@@ -448,7 +448,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
 def eager_times(ours, x: dict[str, torch.Tensor], calls: int) -> dict[str, float]:
     """Where `compute_gae` replays a CUDA graph of this call's launch: the call again with the
     launch eager (as before session 23), timed the same way, a few ms from the replays. NaN where
-    it launches eagerly anyway (launches with a look-back)."""
+    it launches eagerly anyway (graphs off)."""
     tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                x["advantages"], x["returns"])
     launch = gae_module._runs.get(gae_module._lookup(tensors)[0])

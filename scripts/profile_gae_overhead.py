@@ -76,7 +76,7 @@ def main() -> None:
 
     from kernels import gae, triton_gae
 
-    # The rows above replay CUDA graphs where compute_gae does (repeated calls without a look-back);
+    # The rows above replay CUDA graphs where compute_gae does (repeated calls);
     # the same production call again with every launch eager, and the yardstick again beside it.
     x = random_rollout(1, 2048, device="cuda")
     adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])

@@ -366,20 +366,25 @@ needs_cuda_graphs = pytest.mark.skipif(not torch.cuda.is_available(), reason="ne
 
 
 @needs_cuda_graphs
-@pytest.mark.parametrize("num_envs,num_steps,time_major", [(1, 2048, False), (64, 256, True), (7, 127, False)])
-def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major):
+@pytest.mark.parametrize("num_envs,num_steps,time_major,chunked", [
+    (1, 2048, False, False), (64, 256, True, False), (7, 127, False, False),
+    (3, 5000, False, True), (16, 3000, True, True), (5, 70_000, True, True)])
+def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major, chunked):
     # The launch is kept per signature across tests, and freed tensors' addresses come back: count
     # this test's graphs by their keys, and its replays from its first call on.
     rollout = random_rollout(num_envs, num_steps, density=0.05, time_major=time_major, device="cuda", seed=60)
     outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
     assert_matches_oracle(rollout, outputs=outputs)
     launch = run_of(rollout, outputs)
+    assert launch.chunked == chunked
     replays = launch.replays
-    for call in range(3):
+    # Four calls: a chunked launch's two graphs, which alternate epochs over one look-back state,
+    # each replay twice, so each finds the other's words there.
+    for call in range(5):
         refill(rollout, outputs, seed=call)
         assert_matches_oracle(rollout, outputs=outputs)
-    assert launch.replays >= replays + 2, "the repeated call was not replayed"
-    assert graph_key(rollout, outputs) in launch.graphs
+    assert launch.replays >= replays + 4, "the repeated call was not replayed"
+    assert len(launch.graphs[graph_key(rollout, outputs)].graphs) == (2 if chunked else 1)
     # Other scalars are other kernel arguments: a graph of their own.
     for call in range(3):
         refill(rollout, outputs, seed=10 + call)
@@ -394,8 +399,27 @@ def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, t
 
 
 def graph_key(rollout, outputs, gamma=0.99, lam=0.95):
-    """The key of the graph a call replays: its tensors' data pointers and its scalars."""
-    return (*[0 if x is None else x.data_ptr() for x in launch_tensors(rollout, outputs)], gamma, lam)
+    """The key of the graphs a call replays: its tensors' data pointers and its scalars, and for a
+    chunked launch the current stream (its graphs' look-back state is that stream's)."""
+    key = (*[0 if x is None else x.data_ptr() for x in launch_tensors(rollout, outputs)], gamma, lam)
+    if run_of(rollout, outputs).chunked:
+        key += (torch.cuda.current_stream().cuda_stream,)
+    return key
+
+
+@needs_cuda_graphs
+@pytest.mark.parametrize("time_major", [False, True])
+def test_replayed_chunked_calls_walk_unbroken_chains(time_major):
+    # No episode ends and gamma * lambda = 0.995 (3e-7 after 3000 steps, far from float32's 0):
+    # nothing cuts a chain or fades it to 0, so every chunk's walk runs until a later chunk's start
+    # advantage is ready. (At 0.999 float32 rounding alone exceeds TOL, eager or replayed.)
+    rollout = random_rollout(6, 3000, density=0.0, time_major=time_major, device="cuda", seed=63)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    for call in range(5):
+        refill(rollout, outputs, seed=40 + call)
+        assert_matches_oracle(rollout, gamma=1.0, lam=0.995, outputs=outputs)
+    launch = run_of(rollout, outputs)
+    assert launch.chunked and graph_key(rollout, outputs, 1.0, 0.995) in launch.graphs
 
 
 @needs_cuda_graphs
@@ -419,6 +443,35 @@ def test_replays_run_on_the_current_stream():
 
 
 @needs_cuda_graphs
+def test_chunked_replays_on_two_streams_keep_their_own_look_back_state():
+    # Each stream's calls repeat, so each stream replays graphs of its own; queued behind sleeps,
+    # the two streams' replays overlap on the GPU, and a shared look-back buffer would mix them.
+    rollout = random_rollout(4, 6000, density=0.01, time_major=True, device="cuda", seed=64)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    other = {k: v.clone() for k, v in rollout.items()}
+    other_outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    launch = run_of(rollout, outputs)
+    replays = launch.replays if launch is not None else 0
+    for call in range(4):
+        for i, (stream, (r, out)) in enumerate(zip(streams, ((rollout, outputs), (other, other_outputs)), strict=True)):
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # twice in a row on this stream: captured, then replayed
+                    torch.cuda._sleep(200_000)
+                    refill(r, out, seed=50 + 2 * call + i)  # other data on each stream
+                    compute_gae(**r, advantages=out[0], returns=out[1])
+    torch.cuda.synchronize()
+    launch = run_of(rollout, outputs)  # one launch: both rollouts have its signature
+    assert launch.chunked and launch.replays >= replays + 6
+    for r, out in ((rollout, outputs), (other, other_outputs)):
+        expected_adv, expected_ret = oracle(r, 0.99, 0.95)
+        torch.testing.assert_close(out[0].cpu().double(), expected_adv, **TOL)
+        torch.testing.assert_close(out[1].cpu().double(), expected_ret, **TOL)
+
+
+@needs_cuda_graphs
 def test_a_callers_capture_takes_the_launch_not_a_replay():
     rollout = random_rollout(1, 2048, density=0.05, device="cuda", seed=62)
     outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
@@ -438,16 +491,19 @@ def test_a_callers_capture_takes_the_launch_not_a_replay():
     torch.testing.assert_close(outputs[1].cpu().double(), expected_ret, **TOL)
 
 
-def test_graphs_only_for_launches_without_look_back(monkeypatch):
+def test_which_launches_replay_graphs(monkeypatch):
     unchunked = launch_tensors(random_rollout(7, 127, device=DEVICE))
     chunked = launch_tensors(random_rollout(4, 3000, device=DEVICE))
-    assert GaeLaunch(chunked).chunked and GaeLaunch(chunked).graphs is None
+    assert GaeLaunch(chunked).chunked and not GaeLaunch(unchunked).chunked
+    # Withheld start advantages outlive a call, so their launches cannot alternate two epochs.
+    assert GaeLaunch(chunked, inclusive_every=3).graphs is None
     assert GaeLaunch(unchunked, graphs=False).graphs is None
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
-    assert GaeLaunch(unchunked).graphs is None
+    assert GaeLaunch(unchunked).graphs is None and GaeLaunch(chunked).graphs is None
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", True)
     # Only CUDA launches replay graphs; the interpreter launches every call.
     assert (GaeLaunch(unchunked).graphs is not None) == (DEVICE == "cuda")
+    assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda")
 
 
 def test_look_back_state_is_reused_across_calls_and_shapes():
