@@ -391,7 +391,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
     call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
     device_us = queued_time_us(ours, calls)
-    eager = eager_times(ours, x, max(calls, 50))
+    eager = eager_times(ours, x, max(calls, 50), calls)
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     if small_rows:  # check what the timed calls ran (a graph replay, where they replay one)
         x["advantages"].fill_(float("nan"))
@@ -445,10 +445,11 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
             **eager}
 
 
-def eager_times(ours, x: dict[str, torch.Tensor], calls: int) -> dict[str, float]:
+def eager_times(ours, x: dict[str, torch.Tensor], calls: int, device_calls: int) -> dict[str, float]:
     """Where `compute_gae` replays a CUDA graph of this call's launch: the call again with the
-    launch eager (as before session 23), timed the same way, a few ms from the replays. NaN where
-    it launches eagerly anyway (graphs off)."""
+    launch eager (as before session 23), timed the same way (`calls` paired with the empty launch,
+    `device_calls` queued: as many as the replays', since fewer calls a sample amortise its start
+    less), a few ms from the replays. NaN where it launches eagerly anyway (graphs off)."""
     tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                x["advantages"], x["returns"])
     launch = gae_module._runs.get(gae_module._lookup(tensors)[0])
@@ -458,7 +459,7 @@ def eager_times(ours, x: dict[str, torch.Tensor], calls: int) -> dict[str, float
     launch.graphs = None
     try:
         eager_us, _, eager_over_empty = paired_time_us(ours, empty_launch, calls)
-        eager_device_us = queued_time_us(ours, calls)
+        eager_device_us = queued_time_us(ours, device_calls)
     finally:
         launch.graphs = graphs
     return {"eager_call_us": eager_us, "eager_over_empty": eager_over_empty, "eager_device_us": eager_device_us}
