@@ -7,7 +7,8 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
   device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
             runs them without launch gaps, as training calls it: repeated calls replay CUDA graphs of
-            their launch (kernels/README.md, section 5)
+            their launch (kernels/README.md, section 5); there, the median of three rounds that
+            alternate with the eager launch's (eager dev)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes
@@ -390,8 +391,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
     call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
-    device_us = queued_time_us(ours, calls)
-    eager = eager_times(ours, x, max(calls, 50), calls)
+    eager, device_us = eager_times(ours, x, max(calls, 50), calls)
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     if small_rows:  # check what the timed calls ran (a graph replay, where they replay one)
         x["advantages"].fill_(float("nan"))
@@ -445,24 +445,35 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
             **eager}
 
 
-def eager_times(ours, x: dict[str, torch.Tensor], calls: int, device_calls: int) -> dict[str, float]:
-    """Where `compute_gae` replays a CUDA graph of this call's launch: the call again with the
-    launch eager (as before session 23), timed the same way (`calls` paired with the empty launch,
-    `device_calls` queued: as many as the replays', since fewer calls a sample amortise its start
-    less), a few ms from the replays. NaN where it launches eagerly anyway (graphs off)."""
+def eager_times(ours, x: dict[str, torch.Tensor], calls: int, device_calls: int,
+                rounds: int = 3) -> tuple[dict[str, float], float]:
+    """`(eager columns, device us of the call)`. Where `compute_gae` replays CUDA graphs of this
+    call's launch, the eager columns time the call again with the launch eager (as before session
+    23): `calls` paired with the empty launch, and the device time in `rounds` that alternate with
+    the replays' (`device_calls` queued each), medians, so that a drift of the GPU within the row
+    cannot favour one. NaN where the call launches eagerly anyway (graphs off)."""
     tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                x["advantages"], x["returns"])
     launch = gae_module._runs.get(gae_module._lookup(tensors)[0])
     graphs = getattr(launch, "graphs", None)
     if not graphs:
-        return {"eager_call_us": float("nan"), "eager_over_empty": float("nan"), "eager_device_us": float("nan")}
-    launch.graphs = None
+        nan = float("nan")
+        eager = {"eager_call_us": nan, "eager_over_empty": nan, "eager_device_us": nan}
+        return eager, queued_time_us(ours, device_calls)
+    replayed, launched = [], []
     try:
+        launch.graphs = None
         eager_us, _, eager_over_empty = paired_time_us(ours, empty_launch, calls)
-        eager_device_us = queued_time_us(ours, device_calls)
+        for _ in range(rounds):
+            launch.graphs = graphs
+            replayed.append(queued_time_us(ours, device_calls))
+            launch.graphs = None
+            launched.append(queued_time_us(ours, device_calls))
     finally:
         launch.graphs = graphs
-    return {"eager_call_us": eager_us, "eager_over_empty": eager_over_empty, "eager_device_us": eager_device_us}
+    eager = {"eager_call_us": eager_us, "eager_over_empty": eager_over_empty,
+             "eager_device_us": statistics.median(launched)}
+    return eager, statistics.median(replayed)
 
 
 def pick_combine_order(x, gae_args):
