@@ -639,11 +639,12 @@ class GaeLaunch:
         finds the previous call's epoch: nothing is zeroed per call, and no graph replays with itself
         (CUDA orders a graph's launches), or with its twin, on two streams at once (the key has the
         stream)."""
-        state = torch.zeros(self.state_words, dtype=torch.int64, device=self.device) if self.chunked else None
         kernel_pointers = [pointers[i] for i in self.slots]
-        kernel_pointers.append(pointers[1] if state is None else state.data_ptr())  # pointers[1]: unused
         if (self.kernel or _compiled.get(self.key)) is None or functools.reduce(operator.or_, kernel_pointers) % 16:
             return None  # not yet compiled, or misaligned: Triton's generic path, not captured
+        # (torch's allocations are 512-byte aligned: the state does not change that.)
+        state = torch.zeros(self.state_words, dtype=torch.int64, device=self.device) if self.chunked else None
+        kernel_pointers.append(pointers[1] if state is None else state.data_ptr())  # pointers[1]: unused
         graphs = []
         try:
             with _capture_lock, torch.cuda.stream(_capture_stream(self.device)):
