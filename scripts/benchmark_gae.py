@@ -391,8 +391,8 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
     call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
-    # At least 50 calls a device sample too: a sample's first graph replay after the GPU's sleep costs
-    # 1-3 us more than a launch, which 5-17 calls of a large shape did not amortise (session 24).
+    # At least 50 calls a device sample too, for replays and launches alike: a sample of 5-17 calls
+    # (the large shapes) measured 1-2% more per call than one of 200 (session 24).
     eager, device_us = eager_times(ours, x, max(calls, 50), max(calls, 50))
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     if small_rows:  # check what the timed calls ran (a graph replay, where they replay one)
