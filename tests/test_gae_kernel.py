@@ -378,8 +378,8 @@ def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, t
     launch = run_of(rollout, outputs)
     assert launch.chunked == chunked
     replays = launch.replays
-    # Four calls: a chunked launch's two graphs, which alternate epochs over one look-back state,
-    # each replay twice, so each finds the other's words there.
+    # Five more calls, the first captured: a chunked launch's two graphs, which alternate epochs over
+    # one look-back state, each replay at least twice, so each finds the other's words there.
     for call in range(5):
         refill(rollout, outputs, seed=call)
         assert_matches_oracle(rollout, outputs=outputs)
