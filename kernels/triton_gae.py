@@ -92,6 +92,28 @@ def _first_column(x, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _publish_first_column(ptr, own, row_ok, x, tag, BLOCK_T: tl.constexpr):
+    # The words at `ptr + own` (one a row) become the tile's earliest step of each row, tagged,
+    # published by the threads that hold that column. No reduction of the tile to a column first:
+    # its trips across lanes, and warps, sat between the scan and the publication of every chunk.
+    # (Triton moves the tile to the atomic's layout through shared memory; that costs less.)
+    first = (tl.arange(0, BLOCK_T) == 0)[None, :]
+    at = own[:, None] + 0 * tl.arange(0, BLOCK_T)[None, :]
+    tl.atomic_xchg(ptr + at, _float_bits(x) | tag, mask=row_ok[:, None] & first, sem="relaxed")
+
+
+@triton.jit
+def _publish_start(state_ptr, epoch, rows, row_ok, chunk, num_chunks, advantage, BLOCK_N: tl.constexpr,
+                   BLOCK_T: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
+    """Publish this chunk's start advantages, the first column of its tile's `advantage` (carry
+    applied), as `_look_back` does without PUBLISH_COLUMN."""
+    words = tl.num_programs(0) * BLOCK_N
+    own = chunk * (words // num_chunks) + rows
+    if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
+        _publish_first_column(state_ptr + 2 * words, own, row_ok, advantage, epoch.to(tl.int64) << 32, BLOCK_T)
+
+
+@triton.jit
 def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
     # Triton gives every load of a tile's shape the widest vector any of them allows: one-byte flags
     # along their contiguous axis would make it 8 or 16 elements per thread, while stores stay at
@@ -204,10 +226,13 @@ def _probe(state_ptr, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr, RE
 
 @triton.jit
 def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, probe, BLOCK_N: tl.constexpr,
-               BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
+               BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
+               PUBLISH_COLUMN: tl.constexpr):
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
-    Publishes this chunk's composed map first and its start advantage last (see kernels/README.md).
+    Publishes this chunk's composed map first and its start advantage last (see kernels/README.md);
+    with PUBLISH_COLUMN, straight from the tile's first column (`_publish_first_column`), and the
+    start advantage is left to the caller (`_publish_start`), which has the carried tile.
     State: three arrays of `num_programs * BLOCK_N` words, one word per (chunk, padded row),
     chunk-major so that a tile's rows publish to neighbouring words: aggregate alphas, aggregate
     betas, inclusive values. Every word is a float
@@ -224,8 +249,9 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
     tag = epoch.to(tl.int64) << 32
     padded_rows = words // num_chunks
     own = chunk * padded_rows + rows  # this chunk's words
-    agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
-    agg_beta = _first_column(beta, BLOCK_T)
+    if not PUBLISH_COLUMN:
+        agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
+        agg_beta = _first_column(beta, BLOCK_T)
     # `probe`: the next chunk's start-advantage word, read before this chunk's scan (`_probe`); where
     # it is ready the walk is skipped. (The map is published all the same: whether a row waits can
     # differ between the warps that hold copies of it, which read the word at different times, and
@@ -234,8 +260,12 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
     carry = tl.where(probed, _low_float(probe), 0.0)  # the last chunk's carry: A_T = 0
     pending = row_ok & ~probed
     if chunk < num_chunks - 1:
-        tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
-        tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
+        if PUBLISH_COLUMN:
+            _publish_first_column(agg_alpha_ptr, own, row_ok, alpha, tag, BLOCK_T)
+            _publish_first_column(agg_beta_ptr, own, row_ok, beta, tag, BLOCK_T)
+        else:
+            tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
+            tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
         # Walk later chunks: compose their maps until one knows its start advantage, a done flag
         # cuts the chain (beta == 0), or the row ends. `j` is each row's next unread chunk.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -280,9 +310,10 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
     # at a time, so otherwise every walk would end at its neighbour and the windows' composition of
     # aggregates would never run on the CPU. (The last chunk publishes no aggregate: it always
     # publishes this.)
-    if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
-        tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
-                       sem="relaxed")
+    if not PUBLISH_COLUMN:
+        if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
+            tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
+                           sem="relaxed")
     return carry
 
 
@@ -298,7 +329,7 @@ def _gae_kernel(
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
     QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
-    ALIGN_AXIS: tl.constexpr, ALIGN: tl.constexpr,
+    ALIGN_AXIS: tl.constexpr, ALIGN: tl.constexpr, PUBLISH_COLUMN: tl.constexpr,
 ):
     # What the host checked (`alignment`), in a form Triton's alignment analysis reads: it only knows
     # integers divisible by 16, so time-major rollouts of 4, 8 or 12 envs (a step stride of 4, 8 or
@@ -328,7 +359,7 @@ def _gae_kernel(
                    stride_un, stride_ut, stride_bn, stride_bt, stride_l,
                    stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
                    HAS_TRUNCATEDS, BOOTSTRAP, CHUNKED, FLAG_AXIS, BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
-                   PROBE, EVEN, REST_SCAN)
+                   PROBE, EVEN, REST_SCAN, PUBLISH_COLUMN)
     else:
         steps = chunk * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)  # [BLOCK_T]
         probe = _probe(state_ptr, rows, rows < N, chunk, num_chunks, BLOCK_N, CHUNKED & PROBE)
@@ -342,8 +373,11 @@ def _gae_kernel(
         alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
         if CHUNKED:
             carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe, BLOCK_N,
-                               BLOCK_T, WINDOW, INCLUSIVE_EVERY)
+                               BLOCK_T, WINDOW, INCLUSIVE_EVERY, PUBLISH_COLUMN)
             alpha = alpha + beta * carry[:, None]
+            if PUBLISH_COLUMN:
+                _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, BLOCK_N, BLOCK_T,
+                               INCLUSIVE_EVERY)
         n = rows[:, None]
         tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
         tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
@@ -358,7 +392,7 @@ def _quad_tile(
     stride_an, stride_at, stride_gn, stride_gt, gamma, gamma_lam, epoch,
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
-    PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
+    PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr, PUBLISH_COLUMN: tl.constexpr,
 ):
     """A time-major tile as four interleaved quarters: quarter j holds steps 4k + j, k < BLOCK_T / 4.
 
@@ -414,8 +448,11 @@ def _quad_tile(
     d3, b3 = _then(d3, b3, after_alpha, after_beta)
     if CHUNKED:
         carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe, BLOCK_N, NUM_QUADS,
-                           WINDOW, INCLUSIVE_EVERY)[:, None]
+                           WINDOW, INCLUSIVE_EVERY, PUBLISH_COLUMN)[:, None]
         d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
+        if PUBLISH_COLUMN:
+            _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, BLOCK_N, NUM_QUADS,
+                           INCLUSIVE_EVERY)
     n = rows[:, None]
     tl.store(advantages_ptr + n * stride_an + t0 * stride_at, d0, mask=m0)
     tl.store(advantages_ptr + n * stride_an + t1 * stride_at, d1, mask=m1)
@@ -499,7 +536,9 @@ class GaeLaunch:
     chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
     bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
-    but in chunked tiles of fewer than 32 envs on eight or more warps) are tuning knobs.
+    but in chunked tiles of fewer than 32 envs on eight or more warps) and `publish_column` (a
+    chunk publishes its map and start advantage from its tile's first column, without reducing the
+    tile to it: `publishes_column`) are tuning knobs.
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
@@ -523,6 +562,7 @@ class GaeLaunch:
         even: bool | None = None,
         rest_scan: bool | None = None,
         graphs: bool | None = None,
+        publish_column: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -563,7 +603,8 @@ class GaeLaunch:
             rest_scan = self.num_warps < WIDE_TILE_WARPS or not self.chunked or block_n >= 32
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
-                           *alignment(tensors, time_major))
+                           *alignment(tensors, time_major),
+                           publishes_column(time_major, self.grid, prefer=publish_column) and self.chunked)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
         self.maxnreg = maxnreg
@@ -755,6 +796,20 @@ def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
     return block_n <= 32 or block_n % (32 * num_warps) == 0
 
 
+# Env-major rows publish from the tile's first column (`_publish_first_column`) from this many programs
+# up; time-major tiles always do. Against reducing the tile to that column first (session 25, two rounds
+# in one call): time-major 16x1M 119.3 us against 127.1, 32x1M 242.6 against 251.8, 128x65536 65.8
+# against 69.5, 4x131072 7.38-7.54 against 7.61-7.73, the rest equal; env-major 16x1M (16384 programs)
+# 101.2 against 104.4, but one-wave grids of 1024 programs slower: 1x1M 9.0-9.1 against 8.8,
+# 16x65536 9.2-9.4 against 8.8-8.9.
+PUBLISH_COLUMN_MIN_PROGRAMS = 4096
+
+
+def publishes_column(time_major: bool, grid: int, prefer: bool | None = None) -> bool:
+    """Whether chunks publish straight from their tile's first column (see PUBLISH_COLUMN_MIN_PROGRAMS)."""
+    return prefer if prefer is not None else time_major or grid >= PUBLISH_COLUMN_MIN_PROGRAMS
+
+
 # Look-back window by tile height, from the window sweeps in docs/benchmarks.md (H200): env-major
 # tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
 # 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round, and the 16-row
@@ -852,7 +907,7 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN", "ALIGN_AXIS", "ALIGN")
+                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN", "ALIGN_AXIS", "ALIGN", "PUBLISH_COLUMN")
 
 
 def _active(hook):

@@ -243,8 +243,9 @@ def main() -> None:
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
                              "registers per thread), :quads or :whole (the four-quarter scan on or off), +p "
-                             "(the early read of the next chunk on), +m (bounds masks kept) and +r / +g (the "
-                             "quads' scan carries what follows each quad / a gather reads it)")
+                             "(the early read of the next chunk on), +m (bounds masks kept), +r / +g (the "
+                             "quads' scan carries what follows each quad / a gather reads it) and +c / +s "
+                             "(chunks publish from the tile's first column / from the tile summed to it)")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,
@@ -340,13 +341,14 @@ def launch_tile(x: dict[str, torch.Tensor], options: dict, gamma: float = GAMMA,
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g]' or 'default[...]' -> `launch_gae` tuning options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s]' or 'default[...]' -> `launch_gae` options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
     (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`); :quads /
     :whole forces the four-quarter scan on or off; +p turns the early read of
     the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
-    +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`)."""
+    +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
+    +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`)."""
     label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
@@ -359,8 +361,10 @@ def parse_tile(label: str) -> dict:
             options["even"] = False
         elif extra in ("r", "g"):
             options["rest_scan"] = extra == "r"
+        elif extra in ("c", "s"):
+            options["publish_column"] = extra == "c"
         else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r or +g)")
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c or +s)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

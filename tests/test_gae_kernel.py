@@ -166,6 +166,31 @@ def test_look_back_with_the_next_chunks_start_advantage_read_early(num_envs, num
                                                    "inclusive_every": inclusive_every})
 
 
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("quads", [False, True])
+@pytest.mark.parametrize("publish_column", [False, True], ids=["summed", "column"])
+@pytest.mark.parametrize("inclusive_every", [1, 3])
+def test_chunks_publish_from_the_tiles_first_column_or_the_tile_summed_to_it(publish_column, quads, inclusive_every,
+                                                                           time_major):
+    # Both ways of publishing a chunk's map and start advantage, with walks that compose windows of
+    # maps (every third chunk publishes its start advantage) and walks that stop at the next chunk.
+    rollout = random_rollout(11, 67, density=0.05, time_major=time_major, device=DEVICE, seed=67 + inclusive_every)
+    assert_matches_oracle(rollout, launch_options={"block": (4, 8), "window": 2, "quads": quads,
+                                                   "publish_column": publish_column,
+                                                   "inclusive_every": inclusive_every})
+
+
+def test_time_major_tiles_and_env_major_grids_of_several_waves_publish_from_the_first_column():
+    column_at = triton_gae._CONSTEXPR_NAMES.index("PUBLISH_COLUMN")
+    for num_envs, num_steps, time_major, expected in [(4, 131072, True, True), (16, 1 << 20, True, True),
+                                                      (16, 1 << 20, False, True), (1, 1 << 20, False, False),
+                                                      (16, 65536, False, False), (4096, 128, True, False)]:
+        rollout = random_rollout(num_envs, num_steps, time_major=time_major)  # planned from metadata: never launched
+        launch = GaeLaunch(launch_tensors(rollout))
+        assert launch.constexprs[column_at] is expected, (num_envs, num_steps, time_major)
+    assert triton_gae.publishes_column(False, 4096) and not triton_gae.publishes_column(False, 4095)
+
+
 def launch_tensors(rollout, outputs=None):
     """The eight tensors `GaeLaunch` plans from (no last value; outputs laid out like the values)."""
     advantages, returns = outputs or (rollout["values"], rollout["values"])
