@@ -103,13 +103,22 @@ def _publish_first_column(ptr, own, row_ok, x, tag, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY: tl.constexpr):
+    # Whether this chunk publishes its start advantage. Tests raise INCLUSIVE_EVERY to withhold most:
+    # the interpreter runs programs one at a time, so otherwise every walk would end at its neighbour
+    # and the windows' composition of aggregates would never run on the CPU. (The last chunk publishes
+    # no aggregate: it always publishes this.)
+    return (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1)
+
+
+@triton.jit
 def _publish_start(state_ptr, epoch, rows, row_ok, chunk, num_chunks, advantage, BLOCK_N: tl.constexpr,
                    BLOCK_T: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
     """Publish this chunk's start advantages, the first column of its tile's `advantage` (carry
     applied), as `_look_back` does without PUBLISH_COLUMN."""
     words = tl.num_programs(0) * BLOCK_N
     own = chunk * (words // num_chunks) + rows
-    if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
+    if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
         _publish_first_column(state_ptr + 2 * words, own, row_ok, advantage, epoch.to(tl.int64) << 32, BLOCK_T)
 
 
@@ -306,12 +315,8 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
                 carry = tl.where(resolved, acc_alpha, carry)
                 pending = pending & ~has_inclusive & ~resolved
                 going = going & has_aggregate & ~resolved  # a gap ends the round: reread from there
-    # Tests raise INCLUSIVE_EVERY to withhold most start advantages: the interpreter runs programs one
-    # at a time, so otherwise every walk would end at its neighbour and the windows' composition of
-    # aggregates would never run on the CPU. (The last chunk publishes no aggregate: it always
-    # publishes this.)
     if not PUBLISH_COLUMN:
-        if (chunk % INCLUSIVE_EVERY == 0) | (chunk == num_chunks - 1):
+        if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
             tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
                            sem="relaxed")
     return carry
