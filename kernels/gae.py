@@ -18,13 +18,13 @@ import torch
 from kernels.reference import gae_reference
 
 try:  # Triton is optional on the CPU path (it is not installable everywhere).
+    from kernels.triton_gae import INTERPRET as _INTERPRET
     from kernels.triton_gae import GaeLaunch
 except ImportError:  # pragma: no cover - exercised only where triton is missing
-    GaeLaunch = None
+    GaeLaunch, _INTERPRET = None, False
 
 CORRECTNESS_CHECKS_ENV = "RL_TRITON_CORRECTNESS_WARNINGS"
 FLAG_DTYPES = (torch.bool, torch.uint8, torch.float32, torch.float64)
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Read once, at import: a per-call environment lookup costs as much as a kernel launch's share.
 _CORRECTNESS_CHECKS = os.environ.get(CORRECTNESS_CHECKS_ENV, "0") not in ("", "0")
 

@@ -27,6 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+# Set before import, TRITON_INTERPRET=1 runs every kernel in Triton's interpreter (kernels.gae then sends
+# CPU tensors here too).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
 # Bootstrap modes (the `BOOTSTRAP` constexpr).
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
 
@@ -91,15 +95,31 @@ def _first_column(x, BLOCK_T: tl.constexpr):
     return tl.sum(tl.where((tl.arange(0, BLOCK_T) == 0)[None, :], x, 0.0), axis=1)
 
 
+# How a chunk publishes its map and start advantage (the PUBLISH_COLUMN constexpr): from its tile summed
+# to the first column; from that column with Triton's atomics; from it with atomics in inline PTX.
+PUBLISH_SUMMED, PUBLISH_ATOMIC, PUBLISH_PTX = 0, 1, 2
+_PTX = tl.constexpr(PUBLISH_PTX)  # what kernels may read of it (Triton reads only constexpr globals)
+
+
 @triton.jit
-def _publish_first_column(ptr, own, row_ok, x, tag, BLOCK_T: tl.constexpr):
+def _publish_first_column(ptr, own, row_ok, x, tag, BLOCK_T: tl.constexpr, PTX: tl.constexpr):
     # The words at `ptr + own` (one a row) become the tile's earliest step of each row, tagged,
     # published by the threads that hold that column. No reduction of the tile to a column first:
     # its trips across lanes, and warps, sat between the scan and the publication of every chunk.
-    # (Triton moves the tile to the atomic's layout through shared memory; that costs less.)
     first = (tl.arange(0, BLOCK_T) == 0)[None, :]
     at = own[:, None] + 0 * tl.arange(0, BLOCK_T)[None, :]
-    tl.atomic_xchg(ptr + at, _float_bits(x) | tag, mask=row_ok[:, None] & first, sem="relaxed")
+    mask = row_ok[:, None] & first
+    if PTX:
+        # Triton gives an atomic on 64-bit words its own layout, one element a thread, and moves the
+        # tile there through shared memory (a barrier each time: three a chunk). An elementwise
+        # inline-asm op keeps the tile's layout; the threads that do not hold the column skip the
+        # exchange on a predicate. (The interpreter cannot run PTX: CPU launches never take this.)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p atom.relaxed.gpu.global.exch.b64 $0, [$1], $2; }",
+            "=l,l,l,r", [(ptr + at).to(tl.int64), _float_bits(x) | tag, mask.to(tl.int32)],
+            dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        tl.atomic_xchg(ptr + at, _float_bits(x) | tag, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -113,13 +133,14 @@ def _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY: tl.constexpr):
 
 @triton.jit
 def _publish_start(state_ptr, epoch, rows, row_ok, chunk, num_chunks, advantage, BLOCK_N: tl.constexpr,
-                   BLOCK_T: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr):
+                   BLOCK_T: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr, PUBLISH_COLUMN: tl.constexpr):
     """Publish this chunk's start advantages, the first column of its tile's `advantage` (carry
-    applied), as `_look_back` does without PUBLISH_COLUMN."""
+    applied), as `_look_back` does with PUBLISH_SUMMED."""
     words = tl.num_programs(0) * BLOCK_N
     own = chunk * (words // num_chunks) + rows
     if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
-        _publish_first_column(state_ptr + 2 * words, own, row_ok, advantage, epoch.to(tl.int64) << 32, BLOCK_T)
+        _publish_first_column(state_ptr + 2 * words, own, row_ok, advantage, epoch.to(tl.int64) << 32, BLOCK_T,
+                              PUBLISH_COLUMN == _PTX)
 
 
 @triton.jit
@@ -240,8 +261,9 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
     Publishes this chunk's composed map first and its start advantage last (see kernels/README.md);
-    with PUBLISH_COLUMN, straight from the tile's first column (`_publish_first_column`), and the
-    start advantage is left to the caller (`_publish_start`), which has the carried tile.
+    unless PUBLISH_COLUMN is PUBLISH_SUMMED, straight from the tile's first column
+    (`_publish_first_column`), and the start advantage is left to the caller (`_publish_start`),
+    which has the carried tile.
     State: three arrays of `num_programs * BLOCK_N` words, one word per (chunk, padded row),
     chunk-major so that a tile's rows publish to neighbouring words: aggregate alphas, aggregate
     betas, inclusive values. Every word is a float
@@ -270,8 +292,8 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
     pending = row_ok & ~probed
     if chunk < num_chunks - 1:
         if PUBLISH_COLUMN:
-            _publish_first_column(agg_alpha_ptr, own, row_ok, alpha, tag, BLOCK_T)
-            _publish_first_column(agg_beta_ptr, own, row_ok, beta, tag, BLOCK_T)
+            _publish_first_column(agg_alpha_ptr, own, row_ok, alpha, tag, BLOCK_T, PUBLISH_COLUMN == _PTX)
+            _publish_first_column(agg_beta_ptr, own, row_ok, beta, tag, BLOCK_T, PUBLISH_COLUMN == _PTX)
         else:
             tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
             tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
@@ -382,7 +404,7 @@ def _gae_kernel(
             alpha = alpha + beta * carry[:, None]
             if PUBLISH_COLUMN:
                 _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, BLOCK_N, BLOCK_T,
-                               INCLUSIVE_EVERY)
+                               INCLUSIVE_EVERY, PUBLISH_COLUMN)
         n = rows[:, None]
         tl.store(advantages_ptr + n * stride_an + t * stride_at, alpha, mask=mask)
         tl.store(returns_ptr + n * stride_gn + t * stride_gt, alpha + value, mask=mask)
@@ -457,7 +479,7 @@ def _quad_tile(
         d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
         if PUBLISH_COLUMN:
             _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, BLOCK_N, NUM_QUADS,
-                           INCLUSIVE_EVERY)
+                           INCLUSIVE_EVERY, PUBLISH_COLUMN)
     n = rows[:, None]
     tl.store(advantages_ptr + n * stride_an + t0 * stride_at, d0, mask=m0)
     tl.store(advantages_ptr + n * stride_an + t1 * stride_at, d1, mask=m1)
@@ -537,13 +559,15 @@ class GaeLaunch:
     at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
     chunks a look-back round reads), `quads` (scan as four interleaved quarters, where
     `uses_quads` allows it), `maxnreg` (a cap on registers per thread, CUDA only: more resident
-    programs per SM, at the price of spills), `probe` (read the next chunk's start advantage as a
+    programs per SM, at the price of spills; by default `ENV_MAJOR_MAXNREG` for the grids it names,
+    0 for none), `probe` (read the next chunk's start advantage as a
     chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
     bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
-    but in chunked tiles of fewer than 32 envs on eight or more warps) and `publish_column` (a
+    but in chunked tiles of fewer than 32 envs on eight or more warps), `publish_column` (a
     chunk publishes its map and start advantage from its tile's first column, without reducing the
-    tile to it: `publishes_column`) are tuning knobs.
+    tile to it) and `publish_ptx` (it does so with atomics in inline PTX; both: `publish_mode`) are
+    tuning knobs.
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
@@ -568,6 +592,7 @@ class GaeLaunch:
         rest_scan: bool | None = None,
         graphs: bool | None = None,
         publish_column: bool | None = None,
+        publish_ptx: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -585,6 +610,7 @@ class GaeLaunch:
             bootstrap = values
         stride_vn, stride_vt = values.stride()
         time_major = stride_vn == 1 and stride_vt != 1
+        compiled = self.device.type == "cuda" and not INTERPRET  # else Triton's interpreter runs it
         block_n, block_t, num_chunks, self.grid, self.num_warps = plan(
             num_envs, num_steps, time_major, max_block_t, block, num_warps)
         self.chunked = num_chunks > 1
@@ -606,14 +632,17 @@ class GaeLaunch:
         # eight or more warps, where a gather measured faster (see `_quad_tile`).
         if rest_scan is None:
             rest_scan = self.num_warps < WIDE_TILE_WARPS or not self.chunked or block_n >= 32
+        publish = (publish_mode(time_major, self.grid, compiled, publish_column, publish_ptx) if self.chunked
+                   else PUBLISH_SUMMED)
+        if maxnreg is None:
+            maxnreg = register_cap(time_major, self.grid, publish)
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
-                           *alignment(tensors, time_major),
-                           publishes_column(time_major, self.grid, prefer=publish_column) and self.chunked)
+                           *alignment(tensors, time_major), publish)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
-        self.maxnreg = maxnreg
-        self.key = (self.device, self.num_warps, maxnreg, self.constexprs, terminateds.dtype, truncated.dtype,
+        self.maxnreg = maxnreg or None
+        self.key = (self.device, self.num_warps, self.maxnreg, self.constexprs, terminateds.dtype, truncated.dtype,
                     self.ints)
         self.kernel = None  # the compiled kernel, once known
         # A chunked launch's graphs alternate two epochs over a look-back state of their own (see
@@ -801,18 +830,44 @@ def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
     return block_n <= 32 or block_n % (32 * num_warps) == 0
 
 
-# Env-major rows publish from the tile's first column (`_publish_first_column`) from this many programs
-# up; time-major tiles always do. Against reducing the tile to that column first (session 25, two rounds
-# in one call): time-major 16x1M 119.3 us against 127.1, 32x1M 242.6 against 251.8, 128x65536 65.8
-# against 69.5, 4x131072 7.38-7.54 against 7.61-7.73, the rest equal; env-major 16x1M (16384 programs)
-# 101.2 against 104.4, but one-wave grids of 1024 programs slower: 1x1M 9.0-9.1 against 8.8,
-# 16x65536 9.2-9.4 against 8.8-8.9.
+# Chunks publish from their tile's first column (`_publish_first_column`) instead of the tile summed to
+# it: time-major tiles with Triton's atomics, env-major rows with atomics in inline PTX where the kernel
+# is compiled (CUDA), else with Triton's from this many programs up. Time-major, against the summed
+# tile (session 25, two rounds in one call): 16x1M 119.3 us against 127.1, 32x1M 242.6 against 251.8,
+# 128x65536 65.8 against 69.5, 4x131072 7.38-7.54 against 7.61-7.73, the rest equal. Env-major,
+# Triton's atomics were faster from 16384 programs (16x1M 101.2 against 104.4) and slower on one-wave
+# grids (1x1M 9.0-9.1 against 8.8); in PTX, which keeps the tile's layout, they are faster at every
+# grid measured (session 26: 1x1M 8.32 against 8.84-8.90 summed, 16x65536 8.46 against 8.88-8.91,
+# 256x16384 27.0-27.1 against 28.6-28.8; 16x1M with ENV_MAJOR_MAXNREG 99.1-99.3 against 100.8-100.9
+# with Triton's). Time-major tiles measured mixed in PTX (4x131072 7.7-7.9 against 7.4-7.6, 128x65536
+# 64.0-65.2 against 65.7-66.3) and keep Triton's.
 PUBLISH_COLUMN_MIN_PROGRAMS = 4096
 
 
-def publishes_column(time_major: bool, grid: int, prefer: bool | None = None) -> bool:
-    """Whether chunks publish straight from their tile's first column (see PUBLISH_COLUMN_MIN_PROGRAMS)."""
-    return prefer if prefer is not None else time_major or grid >= PUBLISH_COLUMN_MIN_PROGRAMS
+def publish_mode(time_major: bool, grid: int, compiled: bool, column: bool | None = None,
+                 ptx: bool | None = None) -> int:
+    """How chunks publish (`PUBLISH_SUMMED`, `PUBLISH_ATOMIC` or `PUBLISH_PTX`; see
+    PUBLISH_COLUMN_MIN_PROGRAMS). `compiled`: the kernel is compiled for CUDA, not interpreted (only
+    then can it run PTX). `column` and `ptx` override the choice."""
+    if ptx and not compiled:
+        raise ValueError("publishing in inline PTX needs a compiled CUDA kernel; Triton's interpreter cannot run PTX")
+    ptx = compiled and not time_major if ptx is None else ptx
+    if column is None:
+        column = time_major or ptx or grid >= PUBLISH_COLUMN_MIN_PROGRAMS
+    return PUBLISH_SUMMED if not column else PUBLISH_PTX if ptx else PUBLISH_ATOMIC
+
+
+# Chunked env-major grids of this many programs up cap the kernel at this many registers a thread: with
+# PTX publishing Triton 3.6 gives it 64, eight programs of four warps per SM; at 48 ten fit, without
+# spills (16x1M 99.1-99.3 us against 101.6-101.8, 8x1M 52.3-52.5 against 53.0-53.3; on one-wave grids
+# the cap was slower, 1x1M 8.8 against 8.3; session 26).
+ENV_MAJOR_MAXNREG, ENV_MAJOR_MAXNREG_MIN_PROGRAMS = 48, 8192
+
+
+def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
+    """The default `maxnreg` of a launch (see ENV_MAJOR_MAXNREG), or None: no cap."""
+    many_programs = grid >= ENV_MAJOR_MAXNREG_MIN_PROGRAMS
+    return ENV_MAJOR_MAXNREG if publish == PUBLISH_PTX and not time_major and many_programs else None
 
 
 # Look-back window by tile height, from the window sweeps in docs/benchmarks.md (H200): env-major

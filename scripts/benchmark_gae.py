@@ -341,14 +341,15 @@ def launch_tile(x: dict[str, torch.Tensor], options: dict, gamma: float = GAMMA,
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s]' or 'default[...]' -> `launch_gae` options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s][+x|+a]' or 'default[...]' -> options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
-    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`); :quads /
+    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`; #0: no cap); :quads /
     :whole forces the four-quarter scan on or off; +p turns the early read of
     the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
     +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
-    +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`)."""
+    +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`);
+    +x / +a: with atomics in inline PTX / Triton's atomics (`publish_ptx`)."""
     label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
@@ -363,8 +364,10 @@ def parse_tile(label: str) -> dict:
             options["rest_scan"] = extra == "r"
         elif extra in ("c", "s"):
             options["publish_column"] = extra == "c"
+        elif extra in ("x", "a"):
+            options["publish_ptx"] = extra == "x"
         else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c or +s)")
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c, +s, +x or +a)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

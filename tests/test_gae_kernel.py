@@ -168,27 +168,59 @@ def test_look_back_with_the_next_chunks_start_advantage_read_early(num_envs, num
 
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("quads", [False, True])
-@pytest.mark.parametrize("publish_column", [False, True], ids=["summed", "column"])
+@pytest.mark.parametrize("publish", [
+    "summed", "atomic",
+    pytest.param("ptx", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="PTX needs CUDA"))])
 @pytest.mark.parametrize("inclusive_every", [1, 3])
-def test_chunks_publish_from_the_tiles_first_column_or_the_tile_summed_to_it(publish_column, quads, inclusive_every,
+def test_chunks_publish_from_the_tiles_first_column_or_the_tile_summed_to_it(publish, quads, inclusive_every,
                                                                            time_major):
-    # Both ways of publishing a chunk's map and start advantage, with walks that compose windows of
+    # Every way of publishing a chunk's map and start advantage, with walks that compose windows of
     # maps (every third chunk publishes its start advantage) and walks that stop at the next chunk.
     rollout = random_rollout(11, 67, density=0.05, time_major=time_major, device=DEVICE, seed=67 + inclusive_every)
     assert_matches_oracle(rollout, launch_options={"block": (4, 8), "window": 2, "quads": quads,
-                                                   "publish_column": publish_column,
+                                                   "publish_column": publish != "summed",
+                                                   "publish_ptx": publish == "ptx",
                                                    "inclusive_every": inclusive_every})
 
 
-def test_time_major_tiles_and_env_major_grids_of_several_waves_publish_from_the_first_column():
-    column_at = triton_gae._CONSTEXPR_NAMES.index("PUBLISH_COLUMN")
-    for num_envs, num_steps, time_major, expected in [(4, 131072, True, True), (16, 1 << 20, True, True),
-                                                      (16, 1 << 20, False, True), (1, 1 << 20, False, False),
-                                                      (16, 65536, False, False), (4096, 128, True, False)]:
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PTX needs CUDA")
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("num_envs,num_steps", [(1, 70001), (16, 65536), (5, 20000)])
+def test_ptx_publishing_on_long_rows(num_envs, num_steps, time_major):
+    # Real tiles (not the small forced ones above) on several waves of programs, default and PTX publishing.
+    rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=time_major, device="cuda", seed=num_envs)
+    assert_matches_oracle(rollout, launch_options={"publish_ptx": True})
+
+
+def test_how_chunks_publish_by_layout_grid_and_compiler():
+    P = triton_gae
+    column_at = P._CONSTEXPR_NAMES.index("PUBLISH_COLUMN")
+    # On the CPU (the interpreter): time-major tiles and env-major grids of several waves publish from
+    # the first column, with Triton's atomics.
+    for num_envs, num_steps, time_major, expected in [(4, 131072, True, P.PUBLISH_ATOMIC),
+                                                      (16, 1 << 20, True, P.PUBLISH_ATOMIC),
+                                                      (16, 1 << 20, False, P.PUBLISH_ATOMIC),
+                                                      (1, 1 << 20, False, P.PUBLISH_SUMMED),
+                                                      (16, 65536, False, P.PUBLISH_SUMMED),
+                                                      (4096, 128, True, P.PUBLISH_SUMMED)]:  # one chunk a row
         rollout = random_rollout(num_envs, num_steps, time_major=time_major)  # planned from metadata: never launched
         launch = GaeLaunch(launch_tensors(rollout))
-        assert launch.constexprs[column_at] is expected, (num_envs, num_steps, time_major)
-    assert triton_gae.publishes_column(False, 4096) and not triton_gae.publishes_column(False, 4095)
+        assert launch.constexprs[column_at] == expected, (num_envs, num_steps, time_major)
+        assert launch.maxnreg is None
+    assert P.publish_mode(False, 4096, False) == P.PUBLISH_ATOMIC
+    assert P.publish_mode(False, 4095, False) == P.PUBLISH_SUMMED
+    # Compiled for CUDA: env-major rows publish in PTX on every grid, time-major tiles keep Triton's atomics.
+    assert P.publish_mode(False, 1024, True) == P.publish_mode(False, 16384, True) == P.PUBLISH_PTX
+    assert P.publish_mode(True, 1024, True) == P.PUBLISH_ATOMIC
+    assert P.publish_mode(False, 16384, True, column=False) == P.PUBLISH_SUMMED
+    assert P.publish_mode(True, 1024, True, ptx=True) == P.PUBLISH_PTX
+    with pytest.raises(ValueError, match="interpreter cannot run PTX"):
+        P.publish_mode(False, 1024, False, ptx=True)
+    # The register cap: env-major PTX publishing on grids of many waves only.
+    assert P.register_cap(False, 8192, P.PUBLISH_PTX) == P.ENV_MAJOR_MAXNREG
+    assert P.register_cap(False, 8191, P.PUBLISH_PTX) is None
+    assert P.register_cap(False, 16384, P.PUBLISH_ATOMIC) is None
+    assert P.register_cap(True, 16384, P.PUBLISH_PTX) is None
 
 
 def launch_tensors(rollout, outputs=None):
