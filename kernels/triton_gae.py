@@ -610,7 +610,9 @@ class GaeLaunch:
             bootstrap = values
         stride_vn, stride_vt = values.stride()
         time_major = stride_vn == 1 and stride_vt != 1
-        compiled = self.device.type == "cuda" and not INTERPRET  # else Triton's interpreter runs it
+        # Compiled for an NVIDIA GPU (not Triton's interpreter, not ROCm, whose torch also says "cuda"):
+        # only such a kernel can run inline PTX.
+        nvidia = self.device.type == "cuda" and not INTERPRET and torch.version.hip is None
         block_n, block_t, num_chunks, self.grid, self.num_warps = plan(
             num_envs, num_steps, time_major, max_block_t, block, num_warps)
         self.chunked = num_chunks > 1
@@ -632,7 +634,7 @@ class GaeLaunch:
         # eight or more warps, where a gather measured faster (see `_quad_tile`).
         if rest_scan is None:
             rest_scan = self.num_warps < WIDE_TILE_WARPS or not self.chunked or block_n >= 32
-        publish = (publish_mode(time_major, self.grid, compiled, publish_column, publish_ptx) if self.chunked
+        publish = (publish_mode(time_major, self.grid, nvidia, publish_column, publish_ptx) if self.chunked
                    else PUBLISH_SUMMED)
         if maxnreg is None:
             maxnreg = register_cap(time_major, self.grid, publish)
@@ -832,7 +834,7 @@ def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
 
 # Chunks publish from their tile's first column (`_publish_first_column`) instead of the tile summed to
 # it: time-major tiles with Triton's atomics, env-major rows with atomics in inline PTX where the kernel
-# is compiled (CUDA), else with Triton's from this many programs up. Time-major, against the summed
+# is compiled for an NVIDIA GPU, else with Triton's from this many programs up. Time-major, against the summed
 # tile (session 25, two rounds in one call): 16x1M 119.3 us against 127.1, 32x1M 242.6 against 251.8,
 # 128x65536 65.8 against 69.5, 4x131072 7.38-7.54 against 7.61-7.73, the rest equal. Env-major,
 # Triton's atomics were faster from 16384 programs (16x1M 101.2 against 104.4) and slower on one-wave
@@ -844,14 +846,15 @@ def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
 PUBLISH_COLUMN_MIN_PROGRAMS = 4096
 
 
-def publish_mode(time_major: bool, grid: int, compiled: bool, column: bool | None = None,
+def publish_mode(time_major: bool, grid: int, nvidia: bool, column: bool | None = None,
                  ptx: bool | None = None) -> int:
     """How chunks publish (`PUBLISH_SUMMED`, `PUBLISH_ATOMIC` or `PUBLISH_PTX`; see
-    PUBLISH_COLUMN_MIN_PROGRAMS). `compiled`: the kernel is compiled for CUDA, not interpreted (only
-    then can it run PTX). `column` and `ptx` override the choice."""
-    if ptx and not compiled:
-        raise ValueError("publishing in inline PTX needs a compiled CUDA kernel; Triton's interpreter cannot run PTX")
-    ptx = compiled and not time_major if ptx is None else ptx
+    PUBLISH_COLUMN_MIN_PROGRAMS). `nvidia`: the kernel is compiled for an NVIDIA GPU (only such a
+    kernel can run PTX). `column` and `ptx` override the choice."""
+    if ptx and not nvidia:
+        raise ValueError("publishing in inline PTX needs a kernel compiled for an NVIDIA GPU; "
+                         "Triton's interpreter (and ROCm) cannot run PTX")
+    ptx = nvidia and not time_major if ptx is None else ptx
     if column is None:
         column = time_major or ptx or grid >= PUBLISH_COLUMN_MIN_PROGRAMS
     return PUBLISH_SUMMED if not column else PUBLISH_PTX if ptx else PUBLISH_ATOMIC
