@@ -567,7 +567,8 @@ class GaeLaunch:
     but in chunked tiles of fewer than 32 envs on eight or more warps), `publish_column` (a
     chunk publishes its map and start advantage from its tile's first column, without reducing the
     tile to it) and `publish_ptx` (it does so with atomics in inline PTX; both: `publish_mode`) are
-    tuning knobs.
+    tuning knobs. `nvidia=True` plans as if for an NVIDIA GPU whatever the tensors' device
+    (`scripts/compile_kernels.py` compiles those launches on a machine without one).
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
     rejects raises `ValueError`.
@@ -593,6 +594,7 @@ class GaeLaunch:
         graphs: bool | None = None,
         publish_column: bool | None = None,
         publish_ptx: bool | None = None,
+        nvidia: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -612,7 +614,8 @@ class GaeLaunch:
         time_major = stride_vn == 1 and stride_vt != 1
         # Compiled for an NVIDIA GPU (not Triton's interpreter, not ROCm, whose torch also says "cuda"):
         # only such a kernel can run inline PTX.
-        nvidia = self.device.type == "cuda" and not INTERPRET and torch.version.hip is None
+        if nvidia is None:
+            nvidia = self.device.type == "cuda" and not INTERPRET and torch.version.hip is None
         block_n, block_t, num_chunks, self.grid, self.num_warps = plan(
             num_envs, num_steps, time_major, max_block_t, block, num_warps)
         self.chunked = num_chunks > 1

@@ -1,14 +1,17 @@
-"""Compile the fused PPO step's Triton kernels for a CUDA GPU on a machine without one, and print
-their registers and stack (spills) per thread.
+"""Compile the fused PPO step's and the GAE kernel's Triton launches for a CUDA GPU on a machine
+without one, and print their registers and stack (spills) per thread.
 
     python scripts/compile_kernels.py                    # sm_90 (H100/H200), every ppo.fused_precision value
-    python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32
+    python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32 --kernels ppo
+    python scripts/compile_kernels.py --kernels gae      # compute_gae's launches for GAE_SHAPES
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
 a type the code generator refuses). This compiles the exact launches that `ppo.fused_update.FusedStep`
 makes, through Triton's whole pipeline down to a cubin with its bundled ptxas: no GPU, no driver.
-`tests/test_fused_update.py` runs it. Must run without TRITON_INTERPRET (which replaces the
+The GAE kernel's launches are planned as `compute_gae` plans them on an NVIDIA GPU, PTX publishing
+included, which the interpreter cannot run at all. `tests/test_fused_update.py` and
+`tests/test_gae_kernel.py` run it. Must run without TRITON_INTERPRET (which replaces the
 compiler); this script clears it before importing triton.
 """
 
@@ -31,6 +34,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from buffers import SampleTable  # noqa: E402
+from kernels import triton_gae  # noqa: E402
 from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
@@ -40,7 +44,15 @@ CONFIGS = {  # name: (obs_dim, act_dim, hidden sizes, minibatch, settings); both
     "ant-default": (27, 8, (64, 64), 64, PPOSettings()),
     "odd-no-value-clip": (11, 3, (32, 48), 37, PPOSettings(clip_vloss=False, norm_adv="off")),
 }
-DTYPES = {torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
+DTYPES = {torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
+# (num_envs, num_steps, time_major): one shape for each kind of launch `triton_gae.plan` makes. Env-major:
+# a whole row on 16 warps, several rows a tile, whole 1024-step rows, chunked rows on one wave and on many
+# (the register cap). Time-major: one env a tile (small problems), 16-env tiles of whole rows, 32 x 64
+# chunked tiles on four warps, 16-env chunked tiles on eight warps and on four, 4-env chunked tiles, and
+# five envs (odd strides: one-element loads).
+GAE_SHAPES = [(1, 2048, False), (4096, 128, False), (16384, 1024, False), (1, 1 << 20, False), (16, 1 << 20, False),
+              (64, 256, True), (4096, 128, True), (16384, 1024, True), (16, 65536, True), (16, 1 << 20, True),
+              (4, 131072, True), (5, 100000, True)]
 
 
 def signature(kernel: triton.JITFunction, args: list, constants: dict) -> tuple[dict, dict]:
@@ -78,6 +90,56 @@ def fused_step_launches(obs_dim: int, act_dim: int, hidden: tuple[int, int], bat
     return step.launches(table, rows, stats.clone(), stats)
 
 
+def gae_launch(num_envs: int, num_steps: int, time_major: bool) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
+    """`(launch, args, constants, attributes)`: the launch `compute_gae` makes on an NVIDIA GPU for
+    bool flags and float32 everything else (bootstrap values, no last value), planned from meta
+    tensors, with the arguments Triton would specialise as a launch does: integers equal to 1 as
+    constants, pointers and integers divisible by 16 as such."""
+    shape = (num_steps, num_envs) if time_major else (num_envs, num_steps)
+
+    def tensor(dtype: torch.dtype) -> torch.Tensor:
+        x = torch.empty(shape, dtype=dtype, device="meta")
+        return x.T if time_major else x
+
+    rewards, values, bootstrap, advantages, returns = (tensor(torch.float32) for _ in range(5))
+    tensors = (rewards, values, tensor(torch.bool), tensor(torch.bool), bootstrap, None, advantages, returns)
+    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False)
+    state = torch.empty(launch.state_words, dtype=torch.int64, device="meta")
+    args = [*(tensors[i] for i in launch.slots), state, *launch.ints, 0.99, 0.99 * 0.95, 1]  # last: the epoch
+    names = triton_gae._gae_kernel.arg_names[:len(args)]  # then the constexprs
+    constants = dict(zip(triton_gae._CONSTEXPR_NAMES, launch.constexprs, strict=True))
+    attributes = {}
+    for position, (name, value) in enumerate(zip(names, args, strict=True)):
+        if isinstance(value, torch.Tensor) or (isinstance(value, int) and value % 16 == 0 and name != "epoch"):
+            attributes[(position,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int) and value == 1 and name != "epoch":
+            constants[name] = 1
+    args = [value for name, value in zip(names, args, strict=True) if name not in constants]
+    return launch, args, constants, attributes
+
+
+def compile_gae(arch: int) -> None:
+    """Compile and report every launch of GAE_SHAPES."""
+    target = GPUTarget("cuda", arch, 32)
+    modes = {triton_gae.PUBLISH_SUMMED: "summed", triton_gae.PUBLISH_ATOMIC: "atomic", triton_gae.PUBLISH_PTX: "ptx"}
+    for num_envs, num_steps, time_major in GAE_SHAPES:
+        launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major)
+        types, positions = signature(triton_gae._gae_kernel, args, constants)
+        options = {"num_warps": launch.num_warps}
+        if launch.maxnreg is not None:
+            options["maxnreg"] = launch.maxnreg
+        start = time.perf_counter()
+        compiled = triton.compile(ASTSource(triton_gae._gae_kernel, types, positions, attributes), target=target,
+                                  options=options)
+        tile = f"{constants['BLOCK_N']}x{constants['BLOCK_T']}"
+        publish = f", publish {modes[constants['PUBLISH_COLUMN']]}" if constants["CHUNKED"] else ""
+        cap = f", maxnreg {launch.maxnreg}" if launch.maxnreg is not None else ""
+        print(f"_gae_kernel [{num_envs}x{num_steps} {'time' if time_major else 'env'}-major: {tile} tile, "
+              f"{launch.grid} programs{publish}] sm_{arch}, {launch.num_warps} warps{cap}: compiled in "
+              f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes",
+              flush=True)
+
+
 def resource_usage(cubin: bytes) -> str:
     """`REG:n STACK:n ...` of the cubin's kernel, from the cuobjdump that ships with Triton."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -99,7 +161,13 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", choices=sorted(fused_update.NUM_WARPS),
                         default=sorted(fused_update.NUM_WARPS), help="ppo.fused_precision values to compile")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
+    parser.add_argument("--kernels", nargs="+", choices=["ppo", "gae"], default=["ppo", "gae"],
+                        help="the fused PPO step's kernels, the GAE kernel's launches, or both")
     args = parser.parse_args()
+    if "gae" in args.kernels:
+        compile_gae(args.arch)
+    if "ppo" not in args.kernels:
+        return
     target = GPUTarget("cuda", args.arch, 32)
     for precision in args.precisions:
         for name in args.configs:
