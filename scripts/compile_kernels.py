@@ -4,6 +4,8 @@ without one, and print their registers and stack (spills) per thread.
     python scripts/compile_kernels.py                    # sm_90 (H100/H200), every ppo.fused_precision value
     python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32 --kernels ppo
     python scripts/compile_kernels.py --kernels gae      # compute_gae's launches for GAE_SHAPES
+    python scripts/compile_kernels.py --kernels gae --gae 16x1048576:time:default@4 --dump /tmp/gae
+        # a benchmark_gae.py sweep configuration instead; its TTGIR and SASS written to /tmp/gae
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
@@ -33,6 +35,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchmark_gae's sweep configurations
 from buffers import SampleTable  # noqa: E402
 from kernels import triton_gae  # noqa: E402
 from ppo import fused_update  # noqa: E402
@@ -90,11 +93,12 @@ def fused_step_launches(obs_dim: int, act_dim: int, hidden: tuple[int, int], bat
     return step.launches(table, rows, stats.clone(), stats)
 
 
-def gae_launch(num_envs: int, num_steps: int, time_major: bool) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
+def gae_launch(num_envs: int, num_steps: int, time_major: bool,
+               options: dict | None = None) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
     """`(launch, args, constants, attributes)`: the launch `compute_gae` makes on an NVIDIA GPU for
     bool flags and float32 everything else (bootstrap values, no last value), planned from meta
     tensors, with the arguments Triton would specialise as a launch does: integers equal to 1 as
-    constants, pointers and integers divisible by 16 as such."""
+    constants, pointers and integers divisible by 16 as such. `options`: `GaeLaunch`'s tuning knobs."""
     shape = (num_steps, num_envs) if time_major else (num_envs, num_steps)
 
     def tensor(dtype: torch.dtype) -> torch.Tensor:
@@ -103,7 +107,7 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool) -> tuple[triton_
 
     rewards, values, bootstrap, advantages, returns = (tensor(torch.float32) for _ in range(5))
     tensors = (rewards, values, tensor(torch.bool), tensor(torch.bool), bootstrap, None, advantages, returns)
-    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False)
+    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False, **(options or {}))
     state = torch.empty(launch.state_words, dtype=torch.int64, device="meta")
     args = [*(tensors[i] for i in launch.slots), state, *launch.ints, 0.99, 0.99 * 0.95, 1]  # last: the epoch
     names = triton_gae._gae_kernel.arg_names[:len(args)]  # then the constexprs
@@ -118,12 +122,26 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool) -> tuple[triton_
     return launch, args, constants, attributes
 
 
-def compile_gae(arch: int) -> None:
-    """Compile and report every launch of GAE_SHAPES."""
+def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None = None) -> None:
+    """Compile and report the launches of GAE_SHAPES, or `launches` ('NxT:env|time[:CONFIG]', CONFIG a
+    `benchmark_gae.py --sweep` configuration), writing each one's TTGIR and SASS under `dump`."""
+    from benchmark_gae import parse_tile  # the sweep's configurations (torch and triton only)
+
     target = GPUTarget("cuda", arch, 32)
     modes = {triton_gae.PUBLISH_SUMMED: "summed", triton_gae.PUBLISH_ATOMIC: "atomic", triton_gae.PUBLISH_PTX: "ptx"}
-    for num_envs, num_steps, time_major in GAE_SHAPES:
-        launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major)
+    if launches is None:
+        launches = [f"{n}x{t}:{'time' if time_major else 'env'}" for n, t, time_major in GAE_SHAPES]
+    for spec in launches:
+        shape, layout, *config = spec.split(":", 2)
+        if layout not in ("env", "time"):
+            raise SystemExit(f"--gae {spec!r}: the layout must be 'env' or 'time', got {layout!r}")
+        num_envs, num_steps = (int(v) for v in shape.lower().split("x"))
+        time_major = layout == "time"
+        try:
+            options = parse_tile(config[0]) if config else {}
+        except ValueError as error:
+            raise SystemExit(f"--gae {spec!r}: not a sweep configuration ({error})") from None
+        launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major, options)
         types, positions = signature(triton_gae._gae_kernel, args, constants)
         options = {"num_warps": launch.num_warps}
         if launch.maxnreg is not None:
@@ -134,10 +152,18 @@ def compile_gae(arch: int) -> None:
         tile = f"{constants['BLOCK_N']}x{constants['BLOCK_T']}"
         publish = f", publish {modes[constants['PUBLISH_COLUMN']]}" if constants["CHUNKED"] else ""
         cap = f", maxnreg {launch.maxnreg}" if launch.maxnreg is not None else ""
-        print(f"_gae_kernel [{num_envs}x{num_steps} {'time' if time_major else 'env'}-major: {tile} tile, "
+        label = f" {config[0]}" if config else ""
+        print(f"_gae_kernel [{num_envs}x{num_steps} {layout}-major{label}: {tile} tile, "
               f"{launch.grid} programs{publish}] sm_{arch}, {launch.num_warps} warps{cap}: compiled in "
               f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes",
               flush=True)
+        if dump is not None:
+            from triton.tools.disasm import get_sass
+
+            dump.mkdir(parents=True, exist_ok=True)
+            stem = spec.replace(":", "_").replace("/", "w").replace("#", "r").replace("+", "p").replace("@", "a")
+            (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+            (dump / f"{stem}.sass").write_text(get_sass(compiled.asm["cubin"]))
 
 
 def resource_usage(cubin: bytes) -> str:
@@ -163,9 +189,13 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))
     parser.add_argument("--kernels", nargs="+", choices=["ppo", "gae"], default=["ppo", "gae"],
                         help="the fused PPO step's kernels, the GAE kernel's launches, or both")
+    parser.add_argument("--gae", nargs="+", metavar="NxT:LAYOUT[:CONFIG]",
+                        help="GAE launches to compile instead of GAE_SHAPES' (LAYOUT env or time; CONFIG as in "
+                             "benchmark_gae.py --sweep, e.g. 'default@4#168')")
+    parser.add_argument("--dump", type=Path, help="write each GAE launch's TTGIR and SASS into this folder")
     args = parser.parse_args()
     if "gae" in args.kernels:
-        compile_gae(args.arch)
+        compile_gae(args.arch, args.gae, args.dump)
     if "ppo" not in args.kernels:
         return
     target = GPUTarget("cuda", args.arch, 32)
