@@ -242,10 +242,11 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
-                             "registers per thread), :quads or :whole (the four-quarter scan on or off), +p "
+                             "registers per thread; #0: none), :quads or :whole (the four-quarter scan on or off), +p "
                              "(the early read of the next chunk on), +m (bounds masks kept), +r / +g (the "
-                             "quads' scan carries what follows each quad / a gather reads it) and +c / +s "
-                             "(chunks publish from the tile's first column / from the tile summed to it)")
+                             "quads' scan carries what follows each quad / a gather reads it), +c / +s "
+                             "(chunks publish from the tile's first column / from the tile summed to it) and "
+                             "+x / +a (with atomics in inline PTX / Triton's atomics)")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,

@@ -191,7 +191,8 @@ def test_chunks_publish_from_the_tiles_first_column_or_the_tile_summed_to_it(pub
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
 @pytest.mark.parametrize("num_envs,num_steps", [(1, 70001), (16, 65536), (5, 20000)])
 def test_ptx_publishing_on_long_rows(num_envs, num_steps, time_major):
-    # Real tiles (not the small forced ones above) on several waves of programs, default and PTX publishing.
+    # PTX publishing on the plan's own tiles of chunked rows (not the small forced ones above), with ragged
+    # rows (70001, 5 envs); time-major too, where the plan itself keeps Triton's atomics.
     rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=time_major, device="cuda", seed=num_envs)
     assert_matches_oracle(rollout, launch_options={"publish_ptx": True})
 
