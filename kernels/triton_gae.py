@@ -47,8 +47,8 @@ MAX_BLOCK_T = 1 << 16
 # WIDE_TILE_MANY_PROGRAMS). They were 10-36% faster than 8 x 128 on one warp at every such
 # shape measured in session 18, slower at 1024+ envs with long rows; with 5-7 envs, session 20
 # measured them 25% faster at 6x65536, equal at 7x65536 and 30% slower at 5x100000, whose odd step
-# stride leaves one-element loads, so those keep the rest's tiles: 8 x 128 steps on one warp
-# (2-4 envs: 4 x 128 and 2 x 128).
+# stride leaves one-element loads. Fewer envs: 256-step tiles on two or eight warps (NARROW_TILE_STEPS),
+# but 3 envs, 4 x 128 on one warp. Shorter rows: 8 x 128 steps on one warp.
 TILE_ELEMENTS = 1024
 WHOLE_ROW_STEPS, WHOLE_ROW_STEPS_MANY_ENVS, WHOLE_ROW_MANY_ENVS = 2048, 4096, 128
 TIME_MAJOR_BLOCK_N = 8
@@ -59,6 +59,15 @@ WIDE_TILE_ELEMENTS, WIDE_TILE_BLOCK_N, WIDE_TILE_MIN_ENVS, WIDE_TILE_MIN_STEPS, 
 # a third of its SM instead of half (16x1M time-major 135 -> 127 us, 32x1M 275-281 -> 251-256,
 # 128x65536 71 -> 69; slower on grids of about one wave: 16x65536 9.8 -> 10.8; sessions 20-21).
 WIDE_TILE_MANY_PROGRAMS, WIDE_TILE_WARPS_MANY_PROGRAMS = 2048, 4
+# Rollouts of 2, 4 and 5-7 envs (`narrow` in `plan`; their rows are long, or the call would be tiny):
+# tiles of 256 steps, 8 envs (5-7) on eight warps, 4 or 2 envs on two. Against the one-warp 8 x 128 and
+# 4 x 128 tiles they replaced (session 27, two rounds in one call each): 5-7 envs 2-43% faster at
+# every shape measured (6x65536 8.8 us against 12.7, 5x100000 11.2-11.4 against 13.2-13.3, 7x1M 107.7
+# against 116.3; the 8 x 128 tile held 255 registers and spilled); 4 envs 1-10% (4x131072 7.26-7.40
+# against 7.33-7.49, 4x16384 4.6-4.7 against 5.1-5.2), 2 envs 34-35% (2x1M 18.5 against 28.6).
+# Three envs keep the one-warp 4 x 128 tile: their steps are 12 bytes apart, no vectors, and the
+# two-warp tile ran 6-16% slower.
+NARROW_TILE_STEPS, NARROW_TILE_WARPS, NARROW_TILE_WARPS_8_ENVS = 256, 2, 8
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -500,7 +509,8 @@ def plan(
     the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
-    wide = many = False  # time-major tiles of 16 envs on several warps; of 32 envs from 1024 envs
+    # time-major tiles of 16 envs on several warps; of 32 envs from 1024 envs; of 2-7 envs (not 3)
+    wide = many = narrow = False
     if block is not None:
         block_n, block_t = block
     elif not time_major:
@@ -519,6 +529,9 @@ def plan(
         elif many:
             block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N
             block_t = TIME_MAJOR_MANY_ENVS_ELEMENTS // block_n
+        elif num_envs < WIDE_TILE_MIN_ENVS and num_envs != 3:
+            narrow = True
+            block_n, block_t = min(TIME_MAJOR_BLOCK_N, envs), NARROW_TILE_STEPS
         else:
             block_n = TIME_MAJOR_BLOCK_N
             block_t = TILE_ELEMENTS // block_n
@@ -532,6 +545,8 @@ def plan(
             # warps on grids of many programs (see WIDE_TILE_MANY_PROGRAMS).
             warps = WIDE_TILE_WARPS_MANY_PROGRAMS if grid >= WIDE_TILE_MANY_PROGRAMS else WIDE_TILE_WARPS
             num_warps = min(warps, max(1, elements // 128))
+        elif narrow:
+            num_warps = NARROW_TILE_WARPS_8_ENVS if block_n == TIME_MAJOR_BLOCK_N else NARROW_TILE_WARPS
         elif many:
             # Sixteen elements per thread (four warps for 32 x 64): the quads' scan crosses warps, which
             # costs less than the resident warps gained (96 registers a thread instead of 166 on one warp).
@@ -879,15 +894,16 @@ def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
 # Look-back window by tile height, from the window sweeps in docs/benchmarks.md (H200): env-major
 # tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
 # 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round, and the 16-row
-# tiles on eight warps 2-5% from two chunks a round (four were slower; session 19).
+# tiles on eight warps 2-5% from two chunks a round (four were slower; session 19). Two-row tiles (2 envs,
+# two warps since session 27) read two chunks: 2x1M 18.7-18.9 us against 24.6-24.7 at eight.
 LOOK_BACK_WORDS = 16
 
 
 def look_back_window(block_n: int, num_chunks: int) -> int:
     """How many later chunks a look-back round reads (a power of two): about `LOOK_BACK_WORDS`
-    words for tiles of 2-8 rows, two chunks for 16 rows, one otherwise, and never more chunks than
-    the row has after the first."""
-    window = max(2, LOOK_BACK_WORDS // block_n) if 1 < block_n <= LOOK_BACK_WORDS else 1
+    words for tiles of 4-8 rows, two chunks for 2 and 16 rows, one otherwise, and never more chunks
+    than the row has after the first."""
+    window = max(2, min(LOOK_BACK_WORDS // block_n, block_n)) if 1 < block_n <= LOOK_BACK_WORDS else 1
     later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
     return max(1, min(window, later_chunks))
 

@@ -51,11 +51,11 @@ DTYPES = {torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32", torch.b
 # (num_envs, num_steps, time_major): one shape for each kind of launch `triton_gae.plan` makes. Env-major:
 # a whole row on 16 warps, several rows a tile, whole 1024-step rows, chunked rows on one wave and on many
 # (the register cap). Time-major: one env a tile (small problems), 16-env tiles of whole rows, 32 x 64
-# chunked tiles on four warps, 16-env chunked tiles on eight warps and on four, 4-env chunked tiles, and
-# five envs (odd strides: one-element loads).
+# chunked tiles on four warps, 16-env chunked tiles on eight warps and on four, 4-env chunked tiles on two
+# warps, five envs (8-row tiles on eight warps; odd strides: one-element loads) and three (one warp).
 GAE_SHAPES = [(1, 2048, False), (4096, 128, False), (16384, 1024, False), (1, 1 << 20, False), (16, 1 << 20, False),
               (64, 256, True), (4096, 128, True), (16384, 1024, True), (16, 65536, True), (16, 1 << 20, True),
-              (4, 131072, True), (5, 100000, True)]
+              (4, 131072, True), (5, 100000, True), (3, 200000, True)]
 
 
 def signature(kernel: triton.JITFunction, args: list, constants: dict) -> tuple[dict, dict]:
