@@ -361,6 +361,19 @@ def test_narrow_time_major_rows_scan_quads():
     assert_matches_oracle(rollout, launch_options={"block": (4, 32)})
 
 
+@pytest.mark.parametrize("num_envs,num_steps,warps", [(2, 16500, 2), (5, 6600, 8)], ids=["two_envs", "five_envs"])
+def test_narrow_rollouts_match_reference_on_the_planned_tiles(num_envs, num_steps, warps):
+    # Just past the tiny path: the plan's own narrow tiles (2 x 256 on two warps, reading two chunks a
+    # round; 8 x 256 on eight, three rows of them padding), chunked, as quads.
+    rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=True, device=DEVICE, seed=num_envs)
+    launch = GaeLaunch(launch_tensors(rollout))
+    assert launch.chunked and launch.num_warps == warps
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("BLOCK_T")] == 256
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("QUADS")]
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("WINDOW")] == 2
+    assert_matches_oracle(rollout)
+
+
 def test_outputs_are_allocated_in_the_layout_of_values():
     rollout = random_rollout(8, 16, time_major=True, device=DEVICE)
     advantages, returns = compute_gae(**rollout)
