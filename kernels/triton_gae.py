@@ -546,7 +546,10 @@ def plan(
             warps = WIDE_TILE_WARPS_MANY_PROGRAMS if grid >= WIDE_TILE_MANY_PROGRAMS else WIDE_TILE_WARPS
             num_warps = min(warps, max(1, elements // 128))
         elif narrow:
-            num_warps = NARROW_TILE_WARPS_8_ENVS if block_n == TIME_MAJOR_BLOCK_N else NARROW_TILE_WARPS
+            warps = NARROW_TILE_WARPS_8_ENVS if block_n == TIME_MAJOR_BLOCK_N else NARROW_TILE_WARPS
+            # No more threads than a tile shortened by `max_block_t` fills (tests): a scan leaves
+            # wrong values in threads that hold copies (see `uses_quads`).
+            num_warps = min(warps, max(1, elements // 128))
         elif many:
             # Sixteen elements per thread (four warps for 32 x 64): the quads' scan crosses warps, which
             # costs less than the resident warps gained (96 registers a thread instead of 166 on one warp).

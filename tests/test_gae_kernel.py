@@ -353,6 +353,8 @@ def test_narrow_time_major_rows_scan_quads():
         assert uses_quads(True, block_n, block_t, num_chunks, num_warps), num_envs
     # The one-warp 8-row tile, without quads, for a forced tile and rows shorter than 128 steps:
     assert not uses_quads(True, 8, 128, 782, 1)
+    # Chunks shortened for tests keep four elements a thread or more (no thread holds a copy).
+    assert plan(5, 100_000, True, 32)[::4] == (8, 2) and plan(2, 100_000, True, 16)[::4] == (2, 1)
     # chunked 3-env tiles (one padded row, steps 3 apart: no vector alignment) take them, and are right
     rollout = random_rollout(3, 300, density=0.05, time_major=True, device=DEVICE, seed=5)
     launch = GaeLaunch(launch_tensors(rollout), block=(4, 32))
