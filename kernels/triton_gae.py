@@ -67,7 +67,8 @@ WIDE_TILE_MANY_PROGRAMS, WIDE_TILE_WARPS_MANY_PROGRAMS = 2048, 4
 # against 7.33-7.49, 4x16384 4.6-4.7 against 5.1-5.2), 2 envs 34-35% (2x1M 18.5 against 28.6).
 # Three envs keep the one-warp 4 x 128 tile: their steps are 12 bytes apart, no vectors, and the
 # two-warp tile ran 6-16% slower.
-NARROW_TILE_STEPS, NARROW_TILE_WARPS, NARROW_TILE_WARPS_8_ENVS = 256, 2, 8
+# (One env a tile, a strided `[1, T]` view, was not measured: it keeps 1 x 128 on one warp.)
+NARROW_TILE_ENVS, NARROW_TILE_STEPS, NARROW_TILE_WARPS, NARROW_TILE_WARPS_8_ENVS = (2, 4, 5, 6, 7), 256, 2, 8
 # Up to this many elements a call is launch-bound: one env row per program maximises parallelism.
 TINY_PROBLEM = 32768
 
@@ -509,7 +510,7 @@ def plan(
     the rows are joined by the look-back. `block` and `num_warps` override the choice (tuning, tests)."""
     envs = triton.next_power_of_2(max(num_envs, 1))
     steps = triton.next_power_of_2(max(num_steps, 1))
-    # time-major tiles of 16 envs on several warps; of 32 envs from 1024 envs; of 2-7 envs (not 3)
+    # time-major tiles of 16 envs on several warps; of 32 envs from 1024 envs; of NARROW_TILE_ENVS
     wide = many = narrow = False
     if block is not None:
         block_n, block_t = block
@@ -529,7 +530,7 @@ def plan(
         elif many:
             block_n = TIME_MAJOR_MANY_ENVS_BLOCK_N
             block_t = TIME_MAJOR_MANY_ENVS_ELEMENTS // block_n
-        elif num_envs < WIDE_TILE_MIN_ENVS and num_envs != 3:
+        elif num_envs in NARROW_TILE_ENVS:
             narrow = True
             block_n, block_t = min(TIME_MAJOR_BLOCK_N, envs), NARROW_TILE_STEPS
         else:

@@ -351,8 +351,10 @@ def test_narrow_time_major_rows_scan_quads():
         block_n, block_t, num_chunks, _, num_warps = plan(num_envs, 100_000, True)
         assert num_chunks > 1 and num_warps == warps, num_envs
         assert uses_quads(True, block_n, block_t, num_chunks, num_warps), num_envs
-    # The one-warp 8-row tile, without quads, for a forced tile and rows shorter than 128 steps:
+    # A forced chunked one-warp 8-row tile scans whole (the 5-7 envs' plan until session 27):
     assert not uses_quads(True, 8, 128, 782, 1)
+    # One env a tile (a strided [1, T] view: time-major with unit env stride) keeps 1 x 128 on one warp.
+    assert plan(1, 100_000, True) == (1, 128, 782, 782, 1)
     # Chunks shortened for tests keep four elements a thread or more (no thread holds a copy).
     assert plan(5, 100_000, True, 32)[::4] == (8, 2) and plan(2, 100_000, True, 16)[::4] == (2, 1)
     # chunked 3-env tiles (one padded row, steps 3 apart: no vector alignment) take them, and are right
