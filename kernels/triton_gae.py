@@ -99,6 +99,40 @@ def _low_float(word):
     return (word & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
 
+# A chunk's state word, one per (chunk, row): a float in bits 0-31, what the float is in bits 32-33 (a
+# STATUS_*), and the call's epoch from bit 34. A chunk first publishes its map, F(x) = alpha + beta * x,
+# as a word of `alpha` whose status says which beta goes with it: the whole chunk's product of
+# `gamma * lam` over its steps, or 0 where a done flag cuts it (a chunk's beta can be nothing else);
+# then it overwrites that word with its start advantage. One word a chunk, not three (alpha, beta,
+# start advantage): a walk reads a third of the words, and a map is never half published.
+STATUS_MAP, STATUS_CUT, STATUS_START = 1, 2, 3
+_MAP, _CUT, _START = tl.constexpr(STATUS_MAP), tl.constexpr(STATUS_CUT), tl.constexpr(STATUS_START)
+
+
+@triton.jit
+def _tag(epoch, status):
+    # The high half of a word: the epoch above the status (a constexpr, or an int64 tensor).
+    return (epoch.to(tl.int64) << 34) | (status << 32)
+
+
+@triton.jit
+def _map_tag(epoch, beta):
+    # The high half of a word that holds a map's alpha, for each element of `beta`.
+    return tl.where(beta == 0.0, _tag(epoch, _CUT), _tag(epoch, _MAP))
+
+
+@triton.jit
+def _chunk_beta(gamma_lam, STEPS: tl.constexpr):
+    # The beta of a chunk of STEPS steps (a power of two) that no done flag cuts: gamma * lam to the
+    # power STEPS, by squaring. (The tile's own product of its steps' betas differs from this by a few
+    # float32 roundings, as any two orders of the product do.)
+    beta = gamma_lam
+    for i in tl.static_range(1, 17):
+        if (1 << i) <= STEPS:
+            beta = beta * beta
+    return beta
+
+
 @triton.jit
 def _first_column(x, BLOCK_T: tl.constexpr):
     # [BLOCK_N, BLOCK_T] -> [BLOCK_N]: the earliest step of each row of the tile.
@@ -149,7 +183,7 @@ def _publish_start(state_ptr, epoch, rows, row_ok, chunk, num_chunks, advantage,
     words = tl.num_programs(0) * BLOCK_N
     own = chunk * (words // num_chunks) + rows
     if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
-        _publish_first_column(state_ptr + 2 * words, own, row_ok, advantage, epoch.to(tl.int64) << 32, BLOCK_T,
+        _publish_first_column(state_ptr, own, row_ok, advantage, _tag(epoch, _START), BLOCK_T,
                               PUBLISH_COLUMN == _PTX)
 
 
@@ -251,62 +285,59 @@ def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, next_alpha, next_beta):
 
 @triton.jit
 def _probe(state_ptr, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr, READ: tl.constexpr):
-    """The next chunk's start-advantage word for each row, read as the program starts so that its trip
-    to L2 overlaps the tile's loads instead of following the scan. 0 (a word of no epoch: not ready)
-    for the last chunk, and everywhere unless READ."""
+    """The next chunk's word for each row, read as the program starts so that its trip to L2 overlaps
+    the tile's loads instead of following the scan; the walk uses it if it is already a start
+    advantage. 0 (a word of no epoch: not ready) for the last chunk, and everywhere unless READ."""
     if READ:
         words = tl.num_programs(0) * BLOCK_N
-        inclusive_ptr = state_ptr + 2 * words
         at = (chunk + 1) * (words // num_chunks) + rows
         mask = row_ok & (chunk + 1 + 0 * rows < num_chunks)  # [BLOCK_N], not a scalar: the interpreter wants that
-        return tl.load(inclusive_ptr + at, mask=mask, other=0, volatile=True)
+        return tl.load(state_ptr + at, mask=mask, other=0, volatile=True)
     else:
         return tl.zeros([BLOCK_N], dtype=tl.int64)
 
 
 @triton.jit
-def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, probe, BLOCK_N: tl.constexpr,
-               BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
+def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, probe, chunk_beta,
+               BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
                PUBLISH_COLUMN: tl.constexpr):
     """The carry of this chunk: the advantage at the first step after it, from the chunks later in time.
 
     Publishes this chunk's composed map first and its start advantage last (see kernels/README.md);
     unless PUBLISH_COLUMN is PUBLISH_SUMMED, straight from the tile's first column
     (`_publish_first_column`), and the start advantage is left to the caller (`_publish_start`),
-    which has the carried tile.
-    State: three arrays of `num_programs * BLOCK_N` words, one word per (chunk, padded row),
-    chunk-major so that a tile's rows publish to neighbouring words: aggregate alphas, aggregate
-    betas, inclusive values. Every word is a float
-    in its low half and the call's epoch in its high half: a word is ready when it carries this
-    call's epoch, so the buffer is reused across calls without zeroing.
+    which has the carried tile. `chunk_beta`: the beta of a chunk that no done flag cuts
+    (`_chunk_beta`).
+    State: one word per (chunk, padded row), `num_programs * BLOCK_N` in all, chunk-major so that a
+    tile's rows publish to neighbouring words: a float in its low half, and in its high half what
+    the float is (a map's alpha, a cut map's alpha, a start advantage) and the call's epoch (see
+    STATUS_MAP). A word is ready when it carries this call's epoch, so the buffer is reused across
+    calls without zeroing.
 
     Each round reads the words of `WINDOW` later chunks at once and composes the ready ones in order,
     so a walk over `k` chunks costs about `k / WINDOW` trips to L2 instead of `k`.
     """
     words = tl.num_programs(0) * BLOCK_N
-    agg_alpha_ptr = state_ptr
-    agg_beta_ptr = agg_alpha_ptr + words
-    inclusive_ptr = agg_beta_ptr + words
-    tag = epoch.to(tl.int64) << 32
     padded_rows = words // num_chunks
     own = chunk * padded_rows + rows  # this chunk's words
     if not PUBLISH_COLUMN:
         agg_alpha = _first_column(alpha, BLOCK_T)  # this chunk's map F(x) = agg_alpha + agg_beta * x
         agg_beta = _first_column(beta, BLOCK_T)
-    # `probe`: the next chunk's start-advantage word, read before this chunk's scan (`_probe`); where
-    # it is ready the walk is skipped. (The map is published all the same: whether a row waits can
+    # `probe`: the next chunk's word, read before this chunk's scan (`_probe`); where it is already a
+    # start advantage the walk is skipped. (The map is published all the same: whether a row waits can
     # differ between the warps that hold copies of it, which read the word at different times, and
     # a branch that some warps take and others do not must not hold a barrier.)
-    probed = (probe >> 32) == epoch
+    probed = (probe >> 34) == epoch
+    probed = probed & (((probe >> 32) & 3) == _START)
     carry = tl.where(probed, _low_float(probe), 0.0)  # the last chunk's carry: A_T = 0
     pending = row_ok & ~probed
     if chunk < num_chunks - 1:
         if PUBLISH_COLUMN:
-            _publish_first_column(agg_alpha_ptr, own, row_ok, alpha, tag, BLOCK_T, PUBLISH_COLUMN == _PTX)
-            _publish_first_column(agg_beta_ptr, own, row_ok, beta, tag, BLOCK_T, PUBLISH_COLUMN == _PTX)
+            _publish_first_column(state_ptr, own, row_ok, alpha, _map_tag(epoch, beta), BLOCK_T,
+                                  PUBLISH_COLUMN == _PTX)
         else:
-            tl.atomic_xchg(agg_alpha_ptr + own, _float_bits(agg_alpha) | tag, mask=row_ok, sem="relaxed")
-            tl.atomic_xchg(agg_beta_ptr + own, _float_bits(agg_beta) | tag, mask=row_ok, sem="relaxed")
+            tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha) | _map_tag(epoch, agg_beta),
+                           mask=row_ok, sem="relaxed")
         # Walk later chunks: compose their maps until one knows its start advantage, a done flag
         # cuts the chain (beta == 0), or the row ends. `j` is each row's next unread chunk.
         acc_alpha = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -314,12 +345,14 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
         j = tl.full([BLOCK_N], 0, dtype=tl.int64) + chunk + 1
         while tl.max(pending.to(tl.int32), axis=0) > 0:
             # One round reads the words of up to WINDOW later chunks, then composes them in time
-            # order. The addresses and masks do not depend on what earlier reads returned, so the
-            # reads could all go out together. ptxas does not always issue them so: for 16-env tiles
-            # it issues the second chunk's reads once the first chunk's have returned and been used,
-            # two trips to L2 a round (seen in the SASS). Forcing one trip, by making every use depend
-            # on every read, measured 11-15% slower on long time-major rows (session 22), so the
-            # schedule is left to ptxas.
+            # order. The addresses do not depend on what earlier reads returned (a read past the
+            # row's end rereads its last chunk, unused: an unmasked load, which measured faster than
+            # a masked one at 16x1M, session 28), so the reads could all go out together. ptxas does
+            # not always issue them so: on 4-row tiles it gives several reads one register, each
+            # waiting for the previous one's use (seen in the SASS, sessions 28-29; hence their
+            # window of two), and for 16-env tiles with three words a chunk it issued the second
+            # chunk's reads after the first's had been used (session 22). Forcing one trip, by making
+            # every use depend on every read, measured 11-15% slower on long time-major rows then.
             # The window is one-dimensional on purpose. A 2-D [BLOCK_N, WINDOW] window with a scan
             # across it is smaller than the thread count for small tiles, and Triton's scan leaves the
             # replicated threads' copies wrong (triton-lang/triton#2298; wrong advantages on the H200).
@@ -327,21 +360,19 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
             # time-major and 1.3-1.8x env-major: its scan crosses warps every round (session 22).
             base = j
             live = pending
-            going = pending  # rows whose reads so far this round were all ready aggregates
+            going = pending  # rows whose reads so far this round were all ready maps
             for i in tl.static_range(WINDOW):
                 later = base + i
                 ok = live & (later < num_chunks)
-                at = later * padded_rows + rows
-                inclusive = tl.load(inclusive_ptr + at, mask=ok, other=0, volatile=True)
-                later_alpha = tl.load(agg_alpha_ptr + at, mask=ok, other=0, volatile=True)
-                later_beta = tl.load(agg_beta_ptr + at, mask=ok, other=0, volatile=True)
-                has_inclusive = going & ok & ((inclusive >> 32) == epoch)
-                # The two halves of an aggregate are written separately: use it once both are there.
-                has_aggregate = (going & ok & ~has_inclusive & ((later_alpha >> 32) == epoch)
-                                 & ((later_beta >> 32) == epoch))
-                carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(inclusive), carry)
-                acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(later_alpha), acc_alpha)
-                acc_beta = tl.where(has_aggregate, acc_beta * _low_float(later_beta), acc_beta)
+                word = tl.load(state_ptr + tl.minimum(later, num_chunks - 1) * padded_rows + rows, volatile=True)
+                ready = going & ok & ((word >> 34) == epoch)
+                status = (word >> 32) & 3
+                has_inclusive = ready & (status == _START)
+                has_aggregate = ready & (status != _START)
+                later_beta = tl.where(status == _CUT, 0.0, chunk_beta)
+                carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(word), carry)
+                acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(word), acc_alpha)
+                acc_beta = tl.where(has_aggregate, acc_beta * later_beta, acc_beta)
                 j = tl.where(has_aggregate, j + 1, j)
                 resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
                 carry = tl.where(resolved, acc_alpha, carry)
@@ -349,8 +380,8 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
                 going = going & has_aggregate & ~resolved  # a gap ends the round: reread from there
     if not PUBLISH_COLUMN:
         if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
-            tl.atomic_xchg(inclusive_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | tag, mask=row_ok,
-                           sem="relaxed")
+            tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | _tag(epoch, _START),
+                           mask=row_ok, sem="relaxed")
     return carry
 
 
@@ -409,8 +440,9 @@ def _gae_kernel(
         # Each step's map to the end of the tile: alpha is the advantage if nothing followed the tile.
         alpha, beta = tl.associative_scan((delta, beta), 1, _compose, reverse=True)
         if CHUNKED:
-            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe, BLOCK_N,
-                               BLOCK_T, WINDOW, INCLUSIVE_EVERY, PUBLISH_COLUMN)
+            carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe,
+                               _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
+                               PUBLISH_COLUMN)
             alpha = alpha + beta * carry[:, None]
             if PUBLISH_COLUMN:
                 _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, BLOCK_N, BLOCK_T,
@@ -484,8 +516,9 @@ def _quad_tile(
     d2, b2 = _then(d2, b2, after_alpha, after_beta)
     d3, b3 = _then(d3, b3, after_alpha, after_beta)
     if CHUNKED:
-        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe, BLOCK_N, NUM_QUADS,
-                           WINDOW, INCLUSIVE_EVERY, PUBLISH_COLUMN)[:, None]
+        carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe,
+                           _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, NUM_QUADS, WINDOW, INCLUSIVE_EVERY,
+                           PUBLISH_COLUMN)[:, None]
         d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
         if PUBLISH_COLUMN:
             _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, BLOCK_N, NUM_QUADS,
@@ -638,7 +671,7 @@ class GaeLaunch:
         block_n, block_t, num_chunks, self.grid, self.num_warps = plan(
             num_envs, num_steps, time_major, max_block_t, block, num_warps)
         self.chunked = num_chunks > 1
-        self.state_words = 3 * self.grid * block_n
+        self.state_words = self.grid * block_n
         lv = last_value if last_value is not None else values
         self.ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
                      *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
@@ -649,7 +682,8 @@ class GaeLaunch:
         if self.chunked and not look_back_layout_ok(block_n, self.num_warps):
             raise ValueError(f"a chunked tile of {block_n} envs on {self.num_warps} warps: the look-back needs at most "
                              f"32 envs per tile or a multiple of {32 * self.num_warps} (see look_back_layout_ok)")
-        probe = self.grid >= PROBE_MIN_PROGRAMS if probe is None else probe
+        if probe is None:
+            probe = self.grid >= (PROBE_MIN_PROGRAMS if time_major else PROBE_MIN_PROGRAMS_ENV_MAJOR)
         divides = num_envs % block_n == 0 and num_steps % block_t == 0
         even = divides if even is None else even and divides
         # The quads' scan carries what follows each quad, but in chunked tiles of fewer than 32 envs on
@@ -836,10 +870,13 @@ def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, nu
     return fills and time_major and (block_n >= 32 or several_envs)
 
 
-# From this many programs up (several waves of them), a chunk reads the next chunk's start advantage as it
-# starts (`_probe`): 1.5-3% faster at 16384x1024 time-major and 16x1M env-major, and 1-1.5% slower on
-# one-wave grids such as 1x1M (docs/benchmarks.md, session 18).
-PROBE_MIN_PROGRAMS = 4096
+# From this many programs up (several waves of them), a chunk reads the next chunk's word as it starts
+# (`_probe`): 1.5-3% faster at 16384x1024 time-major and 16x1M env-major, and 1-1.5% slower on one-wave
+# grids such as 1x1M (docs/benchmarks.md, session 18). Env-major grids, from twice as many: with one word
+# a chunk, the probe made 256x16384 env-major (4096 programs) 3.6% slower (27.5-27.7 us against
+# 26.5-26.7), while time-major grids of 4096 programs still gained (2x1M 17.7-17.8 against 18.3-18.5,
+# 16x1M 109.3-109.6 against 110.3-110.4; session 29).
+PROBE_MIN_PROGRAMS, PROBE_MIN_PROGRAMS_ENV_MAJOR = 4096, 8192
 
 
 def look_back_layout_ok(block_n: int, num_warps: int) -> bool:
@@ -895,19 +932,21 @@ def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
     return ENV_MAJOR_MAXNREG if publish == PUBLISH_PTX and not time_major and many_programs else None
 
 
-# Look-back window by tile height, from the window sweeps in docs/benchmarks.md (H200): env-major
-# tiles (one row, four warps) and 32-row tiles ran fastest reading one chunk per round; 4- and
-# 8-row time-major tiles on long rows gained 4-11% from reading 16 words a round, and the 16-row
-# tiles on eight warps 2-5% from two chunks a round (four were slower; session 19). Two-row tiles (2 envs,
-# two warps since session 27) read two chunks: 2x1M 18.7-18.9 us against 24.6-24.7 at eight.
-LOOK_BACK_WORDS = 16
+# Look-back window (later chunks a round reads) by tile height, from the window sweeps in
+# docs/benchmarks.md (H200); other heights (env-major tiles of one row, 32-row tiles) read one chunk a
+# round. With three words a chunk (sessions 19-27), 4- and 8-row time-major tiles gained 4-11% from
+# reading 16 words a round, 16-row tiles 2-5% from two chunks, and 2-row tiles read two (2x1M 18.7-18.9
+# us against 24.6-24.7 at eight). With one word a chunk (session 29): 4-row tiles 7.5-7.6 us at 4x131072
+# reading two chunks, 8.5-8.6 at four (ptxas reuses one register for several of a round's reads, so
+# they go to L2 one after another) and 7.9-8.0 at one; 16-row tiles 9.8-9.9 us at 16x65536 reading
+# four, 10.0-10.1 at two and 10.3-10.6 at one.
+LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
 
 
 def look_back_window(block_n: int, num_chunks: int) -> int:
-    """How many later chunks a look-back round reads (a power of two): about `LOOK_BACK_WORDS`
-    words for tiles of 4-8 rows, two chunks for 2 and 16 rows, one otherwise, and never more chunks
-    than the row has after the first."""
-    window = max(2, min(LOOK_BACK_WORDS // block_n, block_n)) if 1 < block_n <= LOOK_BACK_WORDS else 1
+    """How many later chunks a look-back round reads (a power of two): `LOOK_BACK_WINDOW` by the tile's
+    rows, one for other tiles, and never more chunks than the row has after the first."""
+    window = LOOK_BACK_WINDOW.get(block_n, 1)
     later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
     return max(1, min(window, later_chunks))
 
@@ -960,10 +999,11 @@ class _StateBuffer:
 
 # Look-back state by (device, stream). A call's words carry its epoch, so nothing is zeroed
 # between calls. Kernels on one stream run in launch order, so a buffer is never used by two at
-# once. The epoch stays below 2**31 (the kernel's int32 argument): past that a fresh buffer starts.
+# once. The epoch stays below 2**29, so that it fits above a word's float and status (see STATUS_MAP):
+# past that a fresh buffer starts.
 _states: dict[tuple, _StateBuffer] = {}
 _state_lock = threading.Lock()
-_EPOCH_LIMIT = 2**31 - 1
+_EPOCH_LIMIT = 2**29 - 1
 
 
 def _look_back_state(device: torch.device, words: int) -> tuple[torch.Tensor, int]:

@@ -296,9 +296,9 @@ def test_chunked_tiles_whose_rows_some_warps_hold_twice_are_refused():
 
 def test_look_back_window_reads_a_bounded_number_of_words():
     assert look_back_window(1, 1024) == 1 and look_back_window(32, 32) == 1  # one chunk a round
-    assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 4 and look_back_window(2, 1024) == 2
-    assert look_back_window(16, 1024) == 2
-    assert look_back_window(4, 2) == 1 and look_back_window(4, 4) == 4  # no wider than the walk
+    assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 2 and look_back_window(2, 1024) == 2
+    assert look_back_window(16, 1024) == 4
+    assert look_back_window(16, 2) == 1 and look_back_window(16, 4) == 4  # no wider than the walk
 
 
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
@@ -632,6 +632,24 @@ def test_look_back_state_starts_afresh_before_its_epoch_overflows(monkeypatch):
             if not any(state.tensor is seen for seen in buffers):
                 buffers.append(state.tensor)
     assert len(buffers) >= 2
+
+
+def test_look_back_words_hold_the_largest_epoch():
+    # A word keeps its epoch above its float and two status bits (from bit 34): the last epoch a buffer
+    # reaches before it starts afresh must still fit, and still tell this call's words from older ones.
+    triton_gae._states.clear()
+    assert_matches_oracle(random_rollout(7, 127, density=0.05, device=DEVICE, seed=60),
+                          launch_options={"max_block_t": 16})
+    (state,) = triton_gae._states.values()
+    state.epoch = triton_gae._EPOCH_LIMIT - 1
+    assert_matches_oracle(random_rollout(7, 127, density=0.05, device=DEVICE, seed=61),
+                          launch_options={"max_block_t": 16})
+    assert state.epoch == triton_gae._EPOCH_LIMIT
+    words = state.tensor.cpu()
+    assert (words >= 0).all(), "an epoch reached the sign bit"
+    written = words[(words >> 34) == triton_gae._EPOCH_LIMIT]
+    # 7 rows x 8 chunks: every word a chunk publishes, its start advantage last
+    assert len(written) == 7 * 8 and ((written >> 32) & 3 == triton_gae.STATUS_START).all()
 
 
 @pytest.mark.parametrize("time_major", [False, True])
