@@ -346,13 +346,15 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
         while tl.max(pending.to(tl.int32), axis=0) > 0:
             # One round reads the words of up to WINDOW later chunks, then composes them in time
             # order. The addresses do not depend on what earlier reads returned (a read past the
-            # row's end rereads its last chunk, unused: an unmasked load, which measured faster than
-            # a masked one at 16x1M, session 28), so the reads could all go out together. ptxas does
-            # not always issue them so: on 4-row tiles it gives several reads one register, each
-            # waiting for the previous one's use (seen in the SASS, sessions 28-29; hence their
-            # window of two), and for 16-env tiles with three words a chunk it issued the second
-            # chunk's reads after the first's had been used (session 22). Forcing one trip, by making
-            # every use depend on every read, measured 11-15% slower on long time-major rows then.
+            # row's end rereads its last chunk, unused: an unmasked load; against masked reads it
+            # measured faster env-major and at 16384x1024 and 4x131072 time-major, 0-6% slower at
+            # 16x1M, 128x65536, 2x1M, 4x1M and 5x100000 time-major; session 28), so the reads could
+            # all go out together. ptxas does not always issue them so: on 4-row tiles it gives
+            # several reads one register, each waiting for the previous one's use (seen in the SASS,
+            # sessions 28-29; hence their window of two), and for 16-env tiles with three words a
+            # chunk it issued the second chunk's reads after the first's had been used (session 22).
+            # Forcing one trip, by making every use depend on every read, measured 11-15% slower on
+            # long time-major rows then.
             # The window is one-dimensional on purpose. A 2-D [BLOCK_N, WINDOW] window with a scan
             # across it is smaller than the thread count for small tiles, and Triton's scan leaves the
             # replicated threads' copies wrong (triton-lang/triton#2298; wrong advantages on the H200).
@@ -936,7 +938,7 @@ def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
 # docs/benchmarks.md (H200); other heights (env-major tiles of one row, 32-row tiles) read one chunk a
 # round. With three words a chunk (sessions 19-27), 4- and 8-row time-major tiles gained 4-11% from
 # reading 16 words a round, 16-row tiles 2-5% from two chunks, and 2-row tiles read two (2x1M 18.7-18.9
-# us against 24.6-24.7 at eight). With one word a chunk (session 29): 4-row tiles 7.5-7.6 us at 4x131072
+# us against 24.6-24.7 at eight). With one word a chunk (session 29): 4-row tiles 7.5-7.7 us at 4x131072
 # reading two chunks, 8.5-8.6 at four (ptxas reuses one register for several of a round's reads, so
 # they go to L2 one after another) and 7.9-8.0 at one; 16-row tiles 9.8-9.9 us at 16x65536 reading
 # four, 10.0-10.1 at two and 10.3-10.6 at one.
