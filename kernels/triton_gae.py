@@ -354,7 +354,7 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
             # sessions 28-29; hence their window of two), and for 16-env tiles with three words a
             # chunk it issued the second chunk's reads after the first's had been used (session 22).
             # Forcing one trip, by making every use depend on every read, measured 11-15% slower on
-            # long time-major rows then.
+            # long time-major rows then, and with one word 1-2% slower on 16-row tiles (session 30).
             # The window is one-dimensional on purpose. A 2-D [BLOCK_N, WINDOW] window with a scan
             # across it is smaller than the thread count for small tiles, and Triton's scan leaves the
             # replicated threads' copies wrong (triton-lang/triton#2298; wrong advantages on the H200).
@@ -941,7 +941,9 @@ def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
 # us against 24.6-24.7 at eight). With one word a chunk (session 29): 4-row tiles 7.5-7.7 us at 4x131072
 # reading two chunks, 8.5-8.6 at four (ptxas reuses one register for several of a round's reads, so
 # they go to L2 one after another) and 7.9-8.0 at one; 16-row tiles 9.8-9.9 us at 16x65536 reading
-# four, 10.0-10.1 at two and 10.3-10.6 at one.
+# four, 10.0-10.1 at two and 10.3-10.6 at one, and 12.1 at eight (16x1M 110.3-110.7 against 108.7-109.0
+# at four; session 30). Four on 4-row tiles with the reads made to go out together measured 1-2% faster
+# at 4x131072 and 2-4% slower at 4x1M (session 30; kernels/README.md section 6), so it is not done.
 LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
 
 
