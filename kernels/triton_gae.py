@@ -613,10 +613,10 @@ class GaeLaunch:
     at small sizes. `block` (`(BLOCK_N, BLOCK_T)`, powers of two), `num_warps`, `window` (later
     chunks a look-back round reads), `quads` (scan as four interleaved quarters, where
     `uses_quads` allows it), `maxnreg` (a cap on registers per thread, CUDA only: more resident
-    programs per SM, at the price of spills; by default `ENV_MAJOR_MAXNREG` for the grids it names,
-    0 for none), `probe` (read the next chunk's start advantage as a
-    chunked program starts; by default from `PROBE_MIN_PROGRAMS` programs), `even=False` (keep the
-    bounds masks where the tiles divide the problem; a ragged problem always keeps them) and
+    programs per SM, at the price of spills; by default `register_cap`'s, 0 for none), `probe` (read
+    the next chunk's start advantage as a chunked program starts; by default from `PROBE_MIN_PROGRAMS`
+    programs), `even=False` (keep the bounds masks where the tiles divide the problem; a ragged
+    problem always keeps them) and
     `rest_scan` (the quads' scan also yields the map after each quad instead of a gather; by default
     but in chunked tiles of fewer than 32 envs on eight or more warps), `publish_column` (a
     chunk publishes its map and start advantage from its tile's first column, without reducing the
@@ -678,7 +678,10 @@ class GaeLaunch:
         self.ints = (num_envs, num_steps, num_chunks, *rewards.stride(), stride_vn, stride_vt, *terminateds.stride(),
                      *truncated.stride(), *bootstrap.stride(), lv.stride(0), *advantages.stride(), *returns.stride())
         # Unchunked tiles have no look-back: window 1 keeps one compiled kernel for them.
-        window = 1 if not self.chunked else look_back_window(block_n, num_chunks) if window is None else window
+        if not self.chunked:
+            window = 1
+        elif window is None:
+            window = look_back_window(block_n, num_chunks, self.grid)
         quads = uses_quads(time_major, block_n, block_t, num_chunks, self.num_warps, prefer=quads)
         flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t), quads)
         if self.chunked and not look_back_layout_ok(block_n, self.num_warps):
@@ -695,7 +698,7 @@ class GaeLaunch:
         publish = (publish_mode(time_major, self.grid, nvidia, publish_column, publish_ptx) if self.chunked
                    else PUBLISH_SUMMED)
         if maxnreg is None:
-            maxnreg = register_cap(time_major, self.grid, publish)
+            maxnreg = register_cap(time_major, self.grid, publish, block_n, window, nvidia)
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
                            *alignment(tensors, time_major), publish)
@@ -928,10 +931,16 @@ def publish_mode(time_major: bool, grid: int, nvidia: bool, column: bool | None 
 ENV_MAJOR_MAXNREG, ENV_MAJOR_MAXNREG_MIN_PROGRAMS = 48, 8192
 
 
-def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
-    """The default `maxnreg` of a launch (see ENV_MAJOR_MAXNREG), or None: no cap."""
+def register_cap(time_major: bool, grid: int, publish: int, block_n: int = 1, window: int = 1,
+                 nvidia: bool = True) -> int | None:
+    """The default `maxnreg` of a launch (see ENV_MAJOR_MAXNREG and WIDE_WINDOW_MAXNREG), or None: no
+    cap. `nvidia`: compiled for an NVIDIA GPU, the only target that takes the cap."""
     many_programs = grid >= ENV_MAJOR_MAXNREG_MIN_PROGRAMS
-    return ENV_MAJOR_MAXNREG if publish == PUBLISH_PTX and not time_major and many_programs else None
+    if publish == PUBLISH_PTX and not time_major and many_programs:
+        return ENV_MAJOR_MAXNREG
+    if nvidia and block_n == WIDE_WINDOW_BLOCK_N and window == WIDE_WINDOW:
+        return WIDE_WINDOW_MAXNREG
+    return None
 
 
 # Look-back window (later chunks a round reads) by tile height, from the window sweeps in
@@ -941,16 +950,30 @@ def register_cap(time_major: bool, grid: int, publish: int) -> int | None:
 # us against 24.6-24.7 at eight). With one word a chunk (session 29): 4-row tiles 7.5-7.7 us at 4x131072
 # reading two chunks, 8.5-8.6 at four (ptxas reuses one register for several of a round's reads, so
 # they go to L2 one after another) and 7.9-8.0 at one; 16-row tiles 9.8-9.9 us at 16x65536 reading
-# four, 10.0-10.1 at two and 10.3-10.6 at one, and 12.1 at eight (16x1M 110.3-110.7 against 108.7-109.0
-# at four; session 30). Four on 4-row tiles with the reads made to go out together measured 1-2% faster
-# at 4x131072 and 2-4% slower at 4x1M (session 30; kernels/README.md section 6), so it is not done.
+# four, 10.0-10.1 at two and 10.3-10.6 at one, and 12.1 at eight (uncapped: 16x1M 110.3-110.7 against
+# 108.7-109.0 at four; session 30; capped, see WIDE_WINDOW). Four on 4-row tiles with the reads made to
+# go out together measured 1-2% faster at 4x131072 and 2-4% slower at 4x1M (session 30;
+# kernels/README.md section 6), so it is not done.
 LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
 
+# 16-row tiles on grids of WIDE_WINDOW_MIN_PROGRAMS programs up read eight chunks a round, capped at
+# WIDE_WINDOW_MAXNREG registers (`register_cap`). The cap is what makes the wider window pay: under it
+# ptxas issues the round's eight reads into eight registers, one trip to L2 (159 registers, compiled
+# for sm_90 with Triton 3.6); without it, it takes 167 and issues them four at a time. At the issue's
+# gamma and lambda a 16x256 chunk's walk reads up to seven chunks, one round instead of two. Against four
+# chunks (session 30, H200, same calls): 16x1M 106.0-106.3 us against 107.9-108.8, 32x1M 217.6-219.2
+# against 222.3-222.8, 64x262144 112.7-113.0 against 114.7-115.0; on smaller grids it lost, 1-2% at 2048
+# programs (16x524288, 128x65536) and 28% at 16x262144 (1024 programs on eight warps).
+WIDE_WINDOW, WIDE_WINDOW_BLOCK_N, WIDE_WINDOW_MIN_PROGRAMS, WIDE_WINDOW_MAXNREG = 8, 16, 4096, 168
 
-def look_back_window(block_n: int, num_chunks: int) -> int:
+
+def look_back_window(block_n: int, num_chunks: int, grid: int = 0) -> int:
     """How many later chunks a look-back round reads (a power of two): `LOOK_BACK_WINDOW` by the tile's
-    rows, one for other tiles, and never more chunks than the row has after the first."""
+    rows (`WIDE_WINDOW` for 16-row tiles on grids of `grid >= WIDE_WINDOW_MIN_PROGRAMS` programs), one
+    for other tiles, and never more chunks than the row has after the first."""
     window = LOOK_BACK_WINDOW.get(block_n, 1)
+    if block_n == WIDE_WINDOW_BLOCK_N and grid >= WIDE_WINDOW_MIN_PROGRAMS:
+        window = WIDE_WINDOW
     later_chunks = 1 << (max(num_chunks - 1, 1) - 1).bit_length()  # as a power of two, up
     return max(1, min(window, later_chunks))
 

@@ -240,8 +240,10 @@ def test_the_cuda_launches_compile_for_an_nvidia_gpu():
     assert len(lines) == 13 and all("compiled in" in line for line in lines), done.stdout
     ptx = [line for line in lines if "publish ptx" in line]
     assert len(ptx) == 2 and all("env-major" in line for line in ptx), done.stdout  # 1x1M and 16x1M
-    (capped,) = [line for line in lines if "maxnreg" in line]
-    assert "16x1048576 env-major" in capped and int(re.search(r"REG:(\d+)", capped).group(1)) <= 48, capped
+    env_capped, time_capped = sorted((line for line in lines if "maxnreg" in line), key=lambda line: "time" in line)
+    assert "16x1048576 env-major" in env_capped and int(re.search(r"REG:(\d+)", env_capped).group(1)) <= 48, env_capped
+    # The eight-chunk window of 16-row tiles on many waves, at its cap of 168 (WIDE_WINDOW).
+    assert "16x1048576 time-major" in time_capped and "maxnreg 168" in time_capped, time_capped
     # No spills (the one-warp 8 x 128 tile that 5-7 envs had before session 27 held 255 registers and
     # spilled 200 bytes at 5x100000).
     for line in lines:
@@ -299,6 +301,28 @@ def test_look_back_window_reads_a_bounded_number_of_words():
     assert look_back_window(8, 1024) == 2 and look_back_window(4, 1024) == 2 and look_back_window(2, 1024) == 2
     assert look_back_window(16, 1024) == 4
     assert look_back_window(16, 2) == 1 and look_back_window(16, 4) == 4  # no wider than the walk
+    # 16-row tiles on grids of many waves read eight, and on NVIDIA GPUs take the register cap that
+    # makes ptxas issue the eight reads together.
+    assert look_back_window(16, 4096, grid=4096) == 8 and look_back_window(16, 4096, grid=4095) == 4
+    assert look_back_window(16, 4, grid=8192) == 4 and look_back_window(8, 4096, grid=8192) == 2
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8) == triton_gae.WIDE_WINDOW_MAXNREG
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 4) is None
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, nvidia=False) is None
+
+
+@pytest.mark.parametrize("num_envs,num_steps,window,maxnreg", [
+    (16, 1 << 20, 8, 168), (32, 1 << 20, 8, 168), (16, 1 << 19, 4, None), (4, 131072, 2, None)])
+def test_the_plan_widens_the_window_of_16_row_tiles_on_many_waves(num_envs, num_steps, window, maxnreg):
+    # Planned from time-major meta tensors as for an NVIDIA GPU: nothing is allocated or launched.
+    def tensor(dtype):
+        return torch.empty(num_steps, num_envs, dtype=dtype, device="meta").T
+
+    tensors = (*(tensor(torch.float32) for _ in range(2)), tensor(torch.bool), tensor(torch.bool),
+               tensor(torch.float32), None, tensor(torch.float32), tensor(torch.float32))
+    launch = GaeLaunch(tensors, nvidia=True, graphs=False)
+    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("WINDOW")] == window
+    assert launch.maxnreg == maxnreg
+    assert GaeLaunch(tensors, nvidia=False, graphs=False).maxnreg is None  # the interpreter takes no cap
 
 
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
