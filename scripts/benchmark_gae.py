@@ -242,7 +242,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
-                             "registers per thread; #0: none), :quads or :whole (the four-quarter scan on or off), +p "
+                             "registers per thread; #0: none; without it, the plan's), :quads or :whole (the "
+                             "four-quarter scan on or off), +p "
                              "(the early read of the next chunk on), +m (bounds masks kept), +r / +g (the "
                              "quads' scan carries what follows each quad / a gather reads it), +c / +s "
                              "(chunks publish from the tile's first column / from the tile summed to it) and "
@@ -345,7 +346,8 @@ def parse_tile(label: str) -> dict:
     """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s][+x|+a]' or 'default[...]' -> options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
-    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`; #0: no cap); :quads /
+    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`; #0: no cap; without
+    it, `register_cap`'s default, which depends on the window: `@8` on a 16-row tile is capped at 168); :quads /
     :whole forces the four-quarter scan on or off; +p turns the early read of
     the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
     +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
