@@ -931,8 +931,7 @@ def publish_mode(time_major: bool, grid: int, nvidia: bool, column: bool | None 
 ENV_MAJOR_MAXNREG, ENV_MAJOR_MAXNREG_MIN_PROGRAMS = 48, 8192
 
 
-def register_cap(time_major: bool, grid: int, publish: int, block_n: int = 1, window: int = 1,
-                 nvidia: bool = True) -> int | None:
+def register_cap(time_major: bool, grid: int, publish: int, block_n: int, window: int, nvidia: bool) -> int | None:
     """The default `maxnreg` of a launch (see ENV_MAJOR_MAXNREG and WIDE_WINDOW_MAXNREG), or None: no
     cap. `nvidia`: compiled for an NVIDIA GPU, the only target that takes the cap."""
     many_programs = grid >= ENV_MAJOR_MAXNREG_MIN_PROGRAMS
@@ -962,7 +961,7 @@ LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
 # for sm_90 with Triton 3.6); without it, it takes 167 and issues them four at a time. At the issue's
 # gamma and lambda a 16x256 chunk's walk reads up to seven chunks, one round instead of two. Against four
 # chunks (session 30, H200, same calls): 16x1M 106.0-106.3 us against 107.9-108.8, 32x1M 217.6-219.2
-# against 222.3-222.8, 64x262144 112.7-113.0 against 114.7-115.0; on smaller grids it lost, 1-2% at 2048
+# against 222.3-222.8, 64x262144 112.7-113.0 against 114.7-115.0; on smaller grids it lost, 1.5-2% at 2048
 # programs (16x524288, 128x65536) and 28% at 16x262144 (1024 programs on eight warps).
 WIDE_WINDOW, WIDE_WINDOW_BLOCK_N, WIDE_WINDOW_MIN_PROGRAMS, WIDE_WINDOW_MAXNREG = 8, 16, 4096, 168
 

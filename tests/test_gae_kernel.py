@@ -222,10 +222,10 @@ def test_how_chunks_publish_by_layout_grid_and_compiler():
     with pytest.raises(ValueError, match="cannot run PTX"):
         P.publish_mode(False, 1024, False, ptx=True)
     # The register cap: env-major PTX publishing on grids of many waves only.
-    assert P.register_cap(False, 8192, P.PUBLISH_PTX) == P.ENV_MAJOR_MAXNREG
-    assert P.register_cap(False, 8191, P.PUBLISH_PTX) is None
-    assert P.register_cap(False, 16384, P.PUBLISH_ATOMIC) is None
-    assert P.register_cap(True, 16384, P.PUBLISH_PTX) is None
+    assert P.register_cap(False, 8192, P.PUBLISH_PTX, 1, 1, True) == P.ENV_MAJOR_MAXNREG
+    assert P.register_cap(False, 8191, P.PUBLISH_PTX, 1, 1, True) is None
+    assert P.register_cap(False, 16384, P.PUBLISH_ATOMIC, 1, 1, True) is None
+    assert P.register_cap(True, 16384, P.PUBLISH_PTX, 1, 1, True) is None
 
 
 def test_the_cuda_launches_compile_for_an_nvidia_gpu():
@@ -305,9 +305,9 @@ def test_look_back_window_reads_a_bounded_number_of_words():
     # makes ptxas issue the eight reads together.
     assert look_back_window(16, 4096, grid=4096) == 8 and look_back_window(16, 4096, grid=4095) == 4
     assert look_back_window(16, 4, grid=8192) == 4 and look_back_window(8, 4096, grid=8192) == 2
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8) == triton_gae.WIDE_WINDOW_MAXNREG
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 4) is None
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, nvidia=False) is None
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, True) == triton_gae.WIDE_WINDOW_MAXNREG
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 4, True) is None
+    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, False) is None
 
 
 @pytest.mark.parametrize("num_envs,num_steps,window,maxnreg", [
