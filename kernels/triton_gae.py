@@ -32,7 +32,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Bootstrap modes (the `BOOTSTRAP` constexpr).
-BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR = 0, 1, 2
+BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE = 0, 1, 2, 3
 
 MAX_BLOCK_T = 1 << 16
 # Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
@@ -203,6 +203,18 @@ def _flag_offsets(offsets, FLAG_AXIS: tl.constexpr):
 
 
 @triton.jit
+def _any_in_runs_of_four(x):
+    # `x` or-ed over each run of four along the steps (axis 1), as one value per run: a load under
+    # this mask stays one 16-byte vector load, where a mask that varies inside a run splits it into
+    # four predicated scalar loads.
+    a: tl.constexpr = x.shape[0]
+    b: tl.constexpr = x.shape[1]
+    runs = tl.max(tl.reshape(x.to(tl.int8), [a, b // 4, 4]), axis=2)
+    runs = tl.reshape(tl.broadcast_to(runs[:, :, None], [a, b // 4, 4]), [a, b])
+    return tl.max_constancy(runs != 0, [1, 4])
+
+
+@triton.jit
 def _multiple(x, ALIGN: tl.constexpr):
     # `x`, known by the host to be a multiple of ALIGN: the product tells the compiler so (it folds
     # the arithmetic into a mask of the low bits).
@@ -246,16 +258,22 @@ def _step_terms(
     terminated = tl.load(terminateds_ptr + _flag_offsets(n * stride_dn + t * stride_dt, FLAG_AXIS),
                          mask=mask, other=0) != 0
     done = terminated
-    if BOOTSTRAP == 2:
-        bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
-                            mask=mask, other=0.0)
+    if BOOTSTRAP >= 2:
+        if BOOTSTRAP == 2:
+            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt, mask=mask, other=0.0)
+        wanted = is_last  # where bootstrap_values counts: truncated steps and the last column
         if HAS_TRUNCATEDS:
             truncated = tl.load(truncateds_ptr + _flag_offsets(n * stride_un + t * stride_ut, FLAG_AXIS),
                                 mask=mask, other=0) != 0
             done = done | truncated
-            next_value = tl.where(truncated | is_last, bootstrap, next_value)
-        else:
-            next_value = tl.where(is_last, bootstrap, next_value)
+            wanted = truncated | wanted
+        if BOOTSTRAP == 3:
+            # Read only the runs of four steps that hold a wanted one: a warp whose runs are all
+            # masked off asks memory for nothing (see BOOTSTRAP_TENSOR_SPARSE).
+            wanted = tl.broadcast_to(wanted, mask.shape)
+            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
+                                mask=mask & _any_in_runs_of_four(wanted), other=0.0)
+        next_value = tl.where(wanted, bootstrap, next_value)
     elif BOOTSTRAP == 1:
         last_value = tl.load(last_value_ptr + rows * stride_l, mask=row_ok, other=0.0)  # [BLOCK_N]
         next_value = tl.where(is_last, last_value[:, None], next_value)
@@ -649,6 +667,7 @@ class GaeLaunch:
         publish_column: bool | None = None,
         publish_ptx: bool | None = None,
         nvidia: bool | None = None,
+        sparse_bootstrap: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -684,6 +703,14 @@ class GaeLaunch:
             window = look_back_window(block_n, num_chunks, self.grid)
         quads = uses_quads(time_major, block_n, block_t, num_chunks, self.num_warps, prefer=quads)
         flag_axis = flag_hint_axis(terminateds, truncated, time_major, (block_n, block_t), quads)
+        if bootstrap_mode == BOOTSTRAP_TENSOR:
+            if sparse_bootstrap is None:
+                sparse_bootstrap = reads_bootstrap_sparsely(flag_axis, block_t)
+            elif sparse_bootstrap and flag_axis != 1:
+                raise ValueError("sparse_bootstrap needs a tile whose flag loads run along the steps "
+                                 f"(flag_hint_axis 1), not {flag_axis}")
+            if sparse_bootstrap:
+                bootstrap_mode = BOOTSTRAP_TENSOR_SPARSE
         if self.chunked and not look_back_layout_ok(block_n, self.num_warps):
             raise ValueError(f"a chunked tile of {block_n} envs on {self.num_warps} warps: the look-back needs at most "
                              f"32 envs per tile or a multiple of {32 * self.num_warps} (see look_back_layout_ok)")
@@ -882,6 +909,27 @@ def uses_quads(time_major: bool, block_n: int, block_t: int, num_chunks: int, nu
 # 26.5-26.7), while time-major grids of 4096 programs still gained (2x1M 17.7-17.8 against 18.3-18.5,
 # 16x1M 109.3-109.6 against 110.3-110.4; session 29).
 PROBE_MIN_PROGRAMS, PROBE_MIN_PROGRAMS_ENV_MAJOR = 4096, 8192
+
+
+# bootstrap_values counts only at truncated steps and in the last column, so env-major tiles of up
+# to SPARSE_BOOTSTRAP_MAX_STEPS steps read it only in the runs of four steps that hold one of those
+# (BOOTSTRAP_TENSOR_SPARSE): where episodes end rarely, 4 of the 22 bytes an element moves are never
+# fetched. The price is a second trip to memory in a warp whose runs do hold one, after its flags
+# arrive. Measured on the H200 (session 31, 0.1% of steps ending an episode, half of them
+# truncated; device us, against reading every step): 16x1M 95.3 -> 89.0-89.3, 16384x1024 88.7 ->
+# 78.2, 4096x128 4.1-4.2 -> 4.0; 1x1M, 4x131072 and 16x65536 within 1%. With 5% of steps ending,
+# 16x1M 95.2 -> 93.0 and 16384x1024 88.9 -> 81.6. It lost on whole rows of 4096 steps (4096x4096:
+# 2% slower, 9.5% with 5% ending) and time-major, where a program's one trip to memory is a larger
+# part of its life: 16x1M 106.6 -> 123.6-124.3 (128.0 against 101.2 with 5% ending), 16384x1024 1%
+# slower, 16x65536 3-4% and 4096x128 1-5% faster, the rest within 1%. Hence env-major tiles of at most
+# 1024 steps only.
+SPARSE_BOOTSTRAP_MAX_STEPS = 1024
+
+
+def reads_bootstrap_sparsely(flag_axis: int, block_t: int) -> bool:
+    """Whether a tile reads `bootstrap_values` only where it counts (see SPARSE_BOOTSTRAP_MAX_STEPS):
+    env-major tiles, whose flag loads run along the steps, of at most that many steps."""
+    return flag_axis == 1 and block_t <= SPARSE_BOOTSTRAP_MAX_STEPS
 
 
 def look_back_layout_ok(block_n: int, num_warps: int) -> bool:

@@ -11,7 +11,9 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
             alternate with the eager launch's (eager dev)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
-            copy bandwidth we reach on the same bytes
+            copy bandwidth we reach on the same bytes. Env-major tiles of up to 1024 steps read
+            bootstrap values only around truncations and the last column (kernels/README.md), so
+            with rare episode ends they move about 18 of the 22 bytes, and can pass 100%
   copy      a device-to-device copy of the same bytes (the floor)
   loop      CleanRL's reverse Python loop of torch ops (only for short rows: it is slow)
   compile   torch.compile of a vectorised GAE built on torch's associative_scan

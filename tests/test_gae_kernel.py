@@ -325,6 +325,51 @@ def test_the_plan_widens_the_window_of_16_row_tiles_on_many_waves(num_envs, num_
     assert GaeLaunch(tensors, nvidia=False, graphs=False).maxnreg is None  # the interpreter takes no cap
 
 
+@pytest.mark.parametrize("num_envs,num_steps,time_major,sparse", [
+    (16, 1 << 20, False, True),      # chunks of 1024 steps
+    (16384, 1024, False, True),      # whole rows of 1024
+    (4096, 128, False, True),        # whole rows of 128, 8 a tile
+    (4096, 4096, False, False),      # whole rows of 4096: longer than SPARSE_BOOTSTRAP_MAX_STEPS
+    (16, 1 << 20, True, False),      # time-major: never
+    (4096, 128, True, False),
+])
+def test_env_major_tiles_read_bootstrap_values_only_where_they_count(num_envs, num_steps, time_major, sparse):
+    # Planned from meta tensors: nothing is allocated or launched.
+    def tensor(dtype):
+        if time_major:
+            return torch.empty(num_steps, num_envs, dtype=dtype, device="meta").T
+        return torch.empty(num_envs, num_steps, dtype=dtype, device="meta")
+
+    floats = [tensor(torch.float32) for _ in range(5)]
+    tensors = (floats[0], floats[1], tensor(torch.bool), tensor(torch.bool), floats[2], None, floats[3], floats[4])
+    mode_at = triton_gae._CONSTEXPR_NAMES.index("BOOTSTRAP")
+    expected = triton_gae.BOOTSTRAP_TENSOR_SPARSE if sparse else triton_gae.BOOTSTRAP_TENSOR
+    assert GaeLaunch(tensors, graphs=False).constexprs[mode_at] == expected
+    # Only a tensor of bootstrap values can be read sparsely; without one the mode stays.
+    without = (*tensors[:4], None, torch.empty(num_envs, device="meta"), *tensors[6:])
+    assert GaeLaunch(without, graphs=False).constexprs[mode_at] == triton_gae.BOOTSTRAP_LAST_VALUE
+    if not sparse and time_major:
+        with pytest.raises(ValueError, match="sparse_bootstrap"):
+            GaeLaunch(tensors, graphs=False, sparse_bootstrap=True)
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["every_step", "sparse"])
+@pytest.mark.parametrize("num_envs,num_steps,max_block_t", [(5, 127, 65536), (3, 1000, 16), (9, 6, 65536)])
+def test_bootstrap_values_count_only_at_truncations_and_the_last_column(num_envs, num_steps, max_block_t, sparse):
+    # Read sparsely or at every step, bootstrap_values must count exactly at truncated steps and in
+    # the last column: NaN everywhere else (which breaks the contract, so the call runs unchecked)
+    # must not reach an output, and every counted value must (the oracle uses the clean tensor).
+    rollout = random_rollout(num_envs, num_steps, density=0.2, device=DEVICE, seed=num_steps + max_block_t)
+    counted = rollout["truncateds"].clone()
+    counted[:, -1] = True
+    poisoned = torch.where(counted, rollout["bootstrap_values"], float("nan"))
+    options = {"max_block_t": max_block_t, "sparse_bootstrap": sparse}
+    advantages, returns = run_kernel(rollout, launch_options=options, bootstrap_values=poisoned)
+    expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+    torch.testing.assert_close(advantages.cpu().double(), expected_adv, **TOL)
+    torch.testing.assert_close(returns.cpu().double(), expected_ret, **TOL)
+
+
 @pytest.mark.parametrize("block", [(4, 8), (32, 4), (1, 2)])
 def test_tiles_with_several_envs_and_chunks(block):
     rollout = random_rollout(37, 101, density=0.03, time_major=True, device=DEVICE, seed=12)
