@@ -31,7 +31,8 @@ import triton.language as tl
 # CPU tensors here too).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-# Bootstrap modes (the `BOOTSTRAP` constexpr).
+# Bootstrap modes (the `BOOTSTRAP` constexpr). A tensor is read at every step, or (SPARSE) only in
+# the runs of four steps that hold a truncation or the last column (see SPARSE_BOOTSTRAP_MAX_STEPS).
 BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE = 0, 1, 2, 3
 
 MAX_BLOCK_T = 1 << 16
@@ -269,7 +270,7 @@ def _step_terms(
             wanted = truncated | wanted
         if BOOTSTRAP == 3:
             # Read only the runs of four steps that hold a wanted one: a warp whose runs are all
-            # masked off asks memory for nothing (see BOOTSTRAP_TENSOR_SPARSE).
+            # masked off asks memory for nothing (see SPARSE_BOOTSTRAP_MAX_STEPS).
             wanted = tl.broadcast_to(wanted, mask.shape)
             bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
                                 mask=mask & _any_in_runs_of_four(wanted), other=0.0)
@@ -642,8 +643,10 @@ class GaeLaunch:
     tuning knobs. `nvidia=True` plans as if for an NVIDIA GPU whatever the tensors' device
     (`scripts/compile_kernels.py` compiles those launches on a machine without one).
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
-    look-backs compose aggregates (see `_look_back`). A chunked tile that `look_back_layout_ok`
-    rejects raises `ValueError`.
+    look-backs compose aggregates (see `_look_back`). `sparse_bootstrap` (read `bootstrap_values`
+    only around truncations and the last column; by default `reads_bootstrap_sparsely`'s choice; on
+    a tile it does not fit, `ValueError`) is a tuning knob too. A chunked tile that
+    `look_back_layout_ok` rejects raises `ValueError`.
 
     `graphs` (default: on CUDA, unless `RL_TRITON_CUDA_GRAPHS=0`): a call repeated with the same
     data pointers, `gamma` and `lam`, as a training loop's is, replays a CUDA graph of its launch
