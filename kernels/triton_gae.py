@@ -32,8 +32,9 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 # Bootstrap modes (the `BOOTSTRAP` constexpr). A tensor is read at every step, or (SPARSE) only in
-# the runs of four steps that hold a truncation or the last column (see SPARSE_BOOTSTRAP_MAX_STEPS).
-BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE = 0, 1, 2, 3
+# the runs of four steps that hold a truncation or the last column, or (MASKED) only at those steps
+# (see SPARSE_BOOTSTRAP_MAX_STEPS).
+BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE, BOOTSTRAP_TENSOR_MASKED = 0, 1, 2, 3, 4
 
 MAX_BLOCK_T = 1 << 16
 # Tile sizes, from the sweeps in docs/benchmarks.md (H200): 1024 elements per tile. Env-major
@@ -274,6 +275,8 @@ def _step_terms(
             wanted = tl.broadcast_to(wanted, mask.shape)
             bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
                                 mask=mask & _any_in_runs_of_four(wanted), other=0.0)
+        if BOOTSTRAP == 4:
+            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt, mask=mask & wanted, other=0.0)
         next_value = tl.where(wanted, bootstrap, next_value)
     elif BOOTSTRAP == 1:
         last_value = tl.load(last_value_ptr + rows * stride_l, mask=row_ok, other=0.0)  # [BLOCK_N]
@@ -644,8 +647,9 @@ class GaeLaunch:
     (`scripts/compile_kernels.py` compiles those launches on a machine without one).
     `inclusive_every > 1` is for tests only: most chunks then withhold their start advantage, so
     look-backs compose aggregates (see `_look_back`). `sparse_bootstrap` (read `bootstrap_values`
-    only around truncations and the last column; by default `reads_bootstrap_sparsely`'s choice; on
-    a tile it does not fit, `ValueError`) is a tuning knob too. A chunked tile that
+    only around truncations and the last column: in runs of four steps where the flags' loads run
+    along the steps, at those steps alone elsewhere; by default `reads_bootstrap_sparsely`'s
+    choice) is a tuning knob too. A chunked tile that
     `look_back_layout_ok` rejects raises `ValueError`.
 
     `graphs` (default: on CUDA, unless `RL_TRITON_CUDA_GRAPHS=0`): a call repeated with the same
@@ -709,11 +713,8 @@ class GaeLaunch:
         if bootstrap_mode == BOOTSTRAP_TENSOR:
             if sparse_bootstrap is None:
                 sparse_bootstrap = reads_bootstrap_sparsely(flag_axis, block_t)
-            elif sparse_bootstrap and flag_axis != 1:
-                raise ValueError("sparse_bootstrap needs a tile whose flag loads run along the steps "
-                                 f"(flag_hint_axis 1), not {flag_axis}")
             if sparse_bootstrap:
-                bootstrap_mode = BOOTSTRAP_TENSOR_SPARSE
+                bootstrap_mode = BOOTSTRAP_TENSOR_SPARSE if flag_axis == 1 else BOOTSTRAP_TENSOR_MASKED
         if self.chunked and not look_back_layout_ok(block_n, self.num_warps):
             raise ValueError(f"a chunked tile of {block_n} envs on {self.num_warps} warps: the look-back needs at most "
                              f"32 envs per tile or a multiple of {32 * self.num_warps} (see look_back_layout_ok)")
@@ -925,7 +926,11 @@ PROBE_MIN_PROGRAMS, PROBE_MIN_PROGRAMS_ENV_MAJOR = 4096, 8192
 # 2% slower, 9.5% with 5% ending) and time-major, where a program's one trip to memory is a larger
 # part of its life: 16x1M 106.6 -> 123.6-124.3 (128.0 against 101.2 with 5% ending), 16384x1024 1%
 # slower, 16x65536 3-4% and 4096x128 1-5% faster, the rest within 1%. Hence env-major tiles of at most
-# 1024 steps only.
+# 1024 steps only. Time-major tiles read at the counted steps alone when asked (BOOTSTRAP_TENSOR_MASKED;
+# their flags run along envs): on one-wave grids 2-6% faster (session 32: 16x65536 10.05 -> 9.45,
+# 4096x128 4.56 -> 4.35, 4x131072 7.8 -> 7.6), but 2-22% slower from 2048 programs up (16x1M
+# 106.4 -> 130.5, 128x65536 63.4 -> 67.2), at 5x100000 (one-element loads: 11.7 -> 14.3) and at
+# 64x256; a rule for one-wave aligned grids alone would move no target, so the plan never asks.
 SPARSE_BOOTSTRAP_MAX_STEPS = 1024
 
 

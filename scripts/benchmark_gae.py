@@ -248,8 +248,9 @@ def main() -> None:
                              "four-quarter scan on or off), +p "
                              "(the early read of the next chunk on), +m (bounds masks kept), +r / +g (the "
                              "quads' scan carries what follows each quad / a gather reads it), +c / +s "
-                             "(chunks publish from the tile's first column / from the tile summed to it) and "
-                             "+x / +a (with atomics in inline PTX / Triton's atomics)")
+                             "(chunks publish from the tile's first column / from the tile summed to it), "
+                             "+x / +a (with atomics in inline PTX / Triton's atomics) and +b / +d "
+                             "(bootstrap values read only where they count / at every step)")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,
@@ -345,7 +346,7 @@ def launch_tile(x: dict[str, torch.Tensor], options: dict, gamma: float = GAMMA,
 
 
 def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s][+x|+a]' or 'default[...]' -> options.
+    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s][+x|+a][+b|+d]' or 'default[...]' -> options.
 
     NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
     (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`; #0: no cap; without
@@ -354,7 +355,8 @@ def parse_tile(label: str) -> dict:
     the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
     +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
     +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`);
-    +x / +a: with atomics in inline PTX / Triton's atomics (`publish_ptx`)."""
+    +x / +a: with atomics in inline PTX / Triton's atomics (`publish_ptx`); +b / +d: bootstrap values read
+    only where they count / at every step (`sparse_bootstrap`)."""
     label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
@@ -371,8 +373,10 @@ def parse_tile(label: str) -> dict:
             options["publish_column"] = extra == "c"
         elif extra in ("x", "a"):
             options["publish_ptx"] = extra == "x"
+        elif extra in ("b", "d"):
+            options["sparse_bootstrap"] = extra == "b"
         else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c, +s, +x or +a)")
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c, +s, +x, +a, +b or +d)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

@@ -348,21 +348,26 @@ def test_env_major_tiles_read_bootstrap_values_only_where_they_count(num_envs, n
     # Only a tensor of bootstrap values can be read sparsely; without one the mode stays.
     without = (*tensors[:4], None, torch.empty(num_envs, device="meta"), *tensors[6:])
     assert GaeLaunch(without, graphs=False).constexprs[mode_at] == triton_gae.BOOTSTRAP_LAST_VALUE
-    if not sparse and time_major:
-        with pytest.raises(ValueError, match="sparse_bootstrap"):
-            GaeLaunch(tensors, graphs=False, sparse_bootstrap=True)
+    if time_major:  # asked for, time-major tiles read at the counted steps alone (their flags run along envs)
+        launch = GaeLaunch(tensors, graphs=False, sparse_bootstrap=True)
+        assert launch.constexprs[mode_at] == triton_gae.BOOTSTRAP_TENSOR_MASKED
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["every_step", "sparse"])
-@pytest.mark.parametrize("num_envs,num_steps,max_block_t", [(5, 127, 65536), (3, 1000, 16), (9, 6, 65536)])
-def test_bootstrap_values_count_only_at_truncations_and_the_last_column(num_envs, num_steps, max_block_t, sparse):
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("num_envs,num_steps,max_block_t", [(5, 127, 65536), (3, 1000, 16), (9, 6, 65536),
+                                                            (16, 300, 64)])
+def test_bootstrap_values_count_only_at_truncations_and_the_last_column(num_envs, num_steps, max_block_t,
+                                                                        time_major, sparse):
     # Read sparsely or at every step, bootstrap_values must count exactly at truncated steps and in
     # the last column: NaN everywhere else (which breaks the contract, so the call runs unchecked)
     # must not reach an output, and every counted value must (the oracle uses the clean tensor).
-    rollout = random_rollout(num_envs, num_steps, density=0.2, device=DEVICE, seed=num_steps + max_block_t)
+    rollout = random_rollout(num_envs, num_steps, density=0.2, time_major=time_major, device=DEVICE,
+                             seed=num_steps + max_block_t)
     counted = rollout["truncateds"].clone()
     counted[:, -1] = True
-    poisoned = torch.where(counted, rollout["bootstrap_values"], float("nan"))
+    poisoned = rollout["bootstrap_values"].clone()  # the same layout as the other inputs
+    poisoned[~counted] = float("nan")
     options = {"max_block_t": max_block_t, "sparse_bootstrap": sparse}
     advantages, returns = run_kernel(rollout, launch_options=options, bootstrap_values=poisoned)
     expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
