@@ -269,14 +269,13 @@ def _step_terms(
                                 mask=mask, other=0) != 0
             done = done | truncated
             wanted = truncated | wanted
-        if BOOTSTRAP == 3:
-            # Read only the runs of four steps that hold a wanted one: a warp whose runs are all
-            # masked off asks memory for nothing (see SPARSE_BOOTSTRAP_MAX_STEPS).
+        if BOOTSTRAP >= 3:
+            # Read only where it counts (4: MASKED), or in the runs of four steps that hold such a
+            # step (3: SPARSE, one mask value per 16-byte vector): a warp whose lanes are all masked
+            # off asks memory for nothing (see SPARSE_BOOTSTRAP_MAX_STEPS).
             wanted = tl.broadcast_to(wanted, mask.shape)
-            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt,
-                                mask=mask & _any_in_runs_of_four(wanted), other=0.0)
-        if BOOTSTRAP == 4:
-            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt, mask=mask & wanted, other=0.0)
+            read = _any_in_runs_of_four(wanted) if BOOTSTRAP == 3 else wanted
+            bootstrap = tl.load(bootstrap_ptr + n * stride_bn + t * stride_bt, mask=mask & read, other=0.0)
         next_value = tl.where(wanted, bootstrap, next_value)
     elif BOOTSTRAP == 1:
         last_value = tl.load(last_value_ptr + rows * stride_l, mask=row_ok, other=0.0)  # [BLOCK_N]
