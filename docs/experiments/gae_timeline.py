@@ -6,11 +6,19 @@ start advantage published; its stores issued. The stamps go to words after the l
 this reads back after the last of several back-to-back launches (eager: no CUDA graphs).
 
     git apply docs/experiments/gae-timeline.patch
-    python docs/experiments/gae_timeline.py 4x131072::default 4x131072:0.5:default 16x1048576::default
+    python docs/experiments/gae_timeline.py "4x131072::default#255" "4x131072:0.5:default#255" 16x1048576::default
 
 Each argument is SHAPE:GAMMA_LAM:TILE (an empty GAMMA_LAM keeps gamma 0.99 and lambda 0.95; TILE is a
 `benchmark_gae.py --sweep` label). Phase durations come from `%clock64` (a program stays on one SM);
-starts and ends from `%globaltimer` (one clock for the GPU, in steps of 32 ns on the H200).
+starts and ends from `%globaltimer` (one clock for the GPU, in steps of 32 ns on the H200). The patch
+also counts each walk's rounds and the chunks it composed.
+
+The stamps and the counter change how ptxas allocates registers. Uncapped, it may give a look-back
+round's reads one register, so that each waits for the previous one's use (the default 4x131072
+launch does, with the counter), and the timeline then times another kernel than the plain one. Compare
+the instrumented launch's SASS with the plain one's (`scripts/compile_kernels.py --gae ... --dump`), and
+where they differ add a cap that does not bind (`default#255`): under any cap ptxas gives the reads
+registers of their own.
 """
 
 from __future__ import annotations
@@ -27,7 +35,9 @@ import benchmark_gae as bench  # noqa: E402
 
 from kernels import triton_gae as tg  # noqa: E402
 
-SLOTS = 13  # per program and row: 5 globaltimer stamps, 1 unused, 5 clock64 stamps, 1 unused, the SM id
+# Per program and row: 5 globaltimer stamps, the walk's rounds * 10**6 + the chunks it composed, 5 clock64
+# stamps, 1 unused, the SM id.
+SLOTS = 13
 
 
 def percentiles(a: np.ndarray) -> str:
@@ -57,6 +67,7 @@ def timeline(spec: str, gamma_lam: float | None, label: str, done_rate: float = 
     ghz = np.median((clock[:, 4] - clock[:, 0]) / np.maximum(wall[:, 4] - wall[:, 0], 1))
     ns = clock / ghz
     walks = np.arange(grid) >= -(-num_envs // block_n)  # the last chunk's programs have no walk
+    rounds, composed = stamps[:, 5] // 10**6, stamps[:, 5] % 10**6
     print(f"\n## {spec} time-major, tile {label} ({block_n}x{block_t}/{launch.num_warps}), grid {grid}, "
           f"gamma = lambda = {gamma_lam or 'default'}: {device_us:.2f} us a call back to back (eager), "
           f"largest error {error:.1e}, {ghz:.2f} GHz, {len(set(stamps[:, 12].tolist()))} SMs")
@@ -69,14 +80,22 @@ def timeline(spec: str, gamma_lam: float | None, label: str, done_rate: float = 
     print(f"   walk                                  {percentiles(ns[walks, 2] - ns[walks, 1])}")
     print(f"   walk over to start published          {percentiles(ns[walks, 3] - ns[walks, 2])}")
     print(f"   start published to stores issued      {percentiles(ns[:, 4] - ns[:, 3])}")
+    print(f"   walk rounds                           {percentiles(rounds[walks])}")
+    print(f"   chunks composed                       {percentiles(composed[walks])}")
+    for low, high in ((0, 1), (2, 2), (3, 4), (5, 10**6)):
+        these = walks & (rounds >= low) & (rounds <= high)
+        if these.any():
+            walk, loads = np.median(ns[these, 2] - ns[these, 1]), np.median(ns[these, 1] - ns[these, 0])
+            print(f"     {these.sum():5d} walks of {low}-{high} rounds: median walk {walk:6.0f}, "
+                  f"median loads and scan {loads:6.0f}")
     tenths = np.array_split(np.arange(grid), 10)
     print("   by tenth of program ids, median start / end / walk:")
     print("   " + " | ".join(f"{np.median(wall[d, 0]):.0f}/{np.median(wall[d, 4]):.0f}/"
                            f"{np.median(ns[d, 2] - ns[d, 1]):.0f}" for d in tenths))
-    print("   the five programs to end last: id, start, end; loads and scan, walk, to start, stores")
+    print("   the five programs to end last: id, start, end; loads and scan, walk, to start, stores; rounds, composed")
     for p in np.argsort(wall[:, 4])[-5:]:
         print(f"     {p:5d} {wall[p, 0]:7.0f} {wall[p, 4]:7.0f}; {ns[p, 1] - ns[p, 0]:6.0f} {ns[p, 2] - ns[p, 1]:6.0f} "
-              f"{ns[p, 3] - ns[p, 2]:6.0f} {ns[p, 4] - ns[p, 3]:6.0f}")
+              f"{ns[p, 3] - ns[p, 2]:6.0f} {ns[p, 4] - ns[p, 3]:6.0f}; {rounds[p]}, {composed[p]}")
 
 
 def main() -> None:
