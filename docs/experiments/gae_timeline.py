@@ -69,7 +69,7 @@ def timeline(spec: str, gamma_lam: float | None, label: str, done_rate: float = 
     walks = np.arange(grid) >= -(-num_envs // block_n)  # the last chunk's programs have no walk
     rounds, composed = stamps[:, 5] // 10**6, stamps[:, 5] % 10**6
     print(f"\n## {spec} time-major, tile {label} ({block_n}x{block_t}/{launch.num_warps}), grid {grid}, "
-          f"gamma = lambda = {gamma_lam or 'default'}: {device_us:.2f} us a call back to back (eager), "
+          f"gamma = lambda = {'default' if gamma_lam is None else gamma_lam}: {device_us:.2f} us a call back to back (eager), "
           f"largest error {error:.1e}, {ghz:.2f} GHz, {len(set(stamps[:, 12].tolist()))} SMs")
     print(f"   the last launch: {wall[:, 4].max() / 1e3:.2f} us from the first program's start to the last one's end")
     print("   ns, percentiles 0 10 50 90 100:")
@@ -103,7 +103,7 @@ def main() -> None:
         sys.exit("gae_timeline.py needs a CUDA GPU")
     if not hasattr(tg, "_stamp"):
         sys.exit("apply docs/experiments/gae-timeline.patch first")
-    for arg in sys.argv[1:] or ["4x131072::default"]:
+    for arg in sys.argv[1:] or ["4x131072::default#255"]:  # capped: see the docstring
         spec, gamma_lam, label = arg.split(":")
         timeline(spec, float(gamma_lam) if gamma_lam else None, label)
 
