@@ -68,8 +68,9 @@ def timeline(spec: str, gamma_lam: float | None, label: str, done_rate: float = 
     ns = clock / ghz
     walks = np.arange(grid) >= -(-num_envs // block_n)  # the last chunk's programs have no walk
     rounds, composed = stamps[:, 5] // 10**6, stamps[:, 5] % 10**6
+    parameters = "default" if gamma_lam is None else gamma_lam
     print(f"\n## {spec} time-major, tile {label} ({block_n}x{block_t}/{launch.num_warps}), grid {grid}, "
-          f"gamma = lambda = {'default' if gamma_lam is None else gamma_lam}: {device_us:.2f} us a call back to back (eager), "
+          f"gamma = lambda = {parameters}: {device_us:.2f} us a call back to back (eager), "
           f"largest error {error:.1e}, {ghz:.2f} GHz, {len(set(stamps[:, 12].tolist()))} SMs")
     print(f"   the last launch: {wall[:, 4].max() / 1e3:.2f} us from the first program's start to the last one's end")
     print("   ns, percentiles 0 10 50 90 100:")
