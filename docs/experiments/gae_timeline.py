@@ -17,8 +17,10 @@ The stamps and the counter change how ptxas allocates registers. Uncapped, it ma
 round's reads one register, so that each waits for the previous one's use (the default 4x131072
 launch does, with the counter), and the timeline then times another kernel than the plain one. Compare
 the instrumented launch's SASS with the plain one's (`scripts/compile_kernels.py --gae ... --dump`), and
-where they differ add a cap that does not bind (`default#255`): under any cap ptxas gives the reads
-registers of their own.
+where they differ add a cap that does not bind (`default#255`): under a cap ptxas gave the two-chunk
+window's reads registers of their own. Not the eight-chunk window's (`@8#255`, session 35): its
+reads shared two registers until each was made to feed the first one's use, as in
+`look-back-joined-reads.patch`.
 """
 
 from __future__ import annotations
