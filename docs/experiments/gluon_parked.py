@@ -1,18 +1,18 @@
 """Experiment (session 36, not adopted): a persistent Gluon GAE kernel that parks a waiting tile in
-shared memory. docs/benchmarks.md, session 36, "A persistent Gluon kernel that parks its waiting tile", has its numbers:
-right on the H200, and 42-105% slower than the Triton kernel at 16x1M time-major.
+shared memory. Right on the H200, and 42-105% slower than the Triton kernel at 16x1M time-major
+(docs/benchmarks.md, session 36, "A persistent Gluon kernel that parks its waiting tile").
 
     python docs/experiments/gluon_parked.py            # on a CUDA GPU: check against float64, then time
     python docs/experiments/gluon_parked.py --compile  # without one: compile for sm_90, print registers
 
-Time-major rollouts of exactly 16 envs whose steps divide into 256-step chunks (16x1M), bool flags,
-bootstrap values, float32. Each program takes chunks by ticket (an atomic counter, so it waits only on
-chunks of lower tickets, held by running programs: no deadlock whatever the block order). For each
-chunk it loads the tile, then finishes the chunk it parked the iteration before (its look-back walk
-is one round late, so its neighbours have usually published by then; its tile comes back from shared
-memory), then scans the new tile, publishes its map and parks it. The walk reads a window of 8 chunks
-x 16 rows, one word a thread, and composes it with a scan across the window, so every warp takes the
-same branch.
+Time-major rollouts of exactly 16 envs whose steps divide into the chunk length (128 or 256 steps),
+bool flags, bootstrap values, float32. Each program takes chunks by ticket (an atomic counter, so it
+waits only on chunks of lower tickets, held by running programs: no deadlock whatever the block
+order). For each chunk it loads the tile, then finishes the chunk it parked the iteration before (its
+look-back is one iteration late, so its neighbours have usually published by then; its tile comes
+back from shared memory), then scans the new tile, publishes its map and parks it. The walk reads a
+window of 2 x warps chunks x 16 rows, one word a thread, and composes it with a scan across the
+window, so every warp takes the same branch.
 """
 
 from __future__ import annotations
