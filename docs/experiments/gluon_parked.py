@@ -35,8 +35,11 @@ from kernels import triton_gae  # noqa: E402  (on sys.path through benchmark_gae
 BLOCK_N = 16
 
 
-# The Triton kernel's map algebra, called from Gluon (a Gluon kernel may call @triton.jit functions).
+# The Triton kernel's map algebra and state words, called from Gluon (a Gluon kernel may call
+# @triton.jit functions).
 _then, _compose_rest = triton_gae._then, triton_gae._compose_with_rest
+_low_float, _bits, _tag, _map_tag = triton_gae._low_float, triton_gae._float_bits, triton_gae._tag, triton_gae._map_tag
+_MAP, _START = gl.constexpr(triton_gae.STATUS_MAP), gl.constexpr(triton_gae.STATUS_START)
 
 
 @gluon.jit
@@ -53,16 +56,6 @@ def _window_compose(a_l, b_l, k_l, a_r, b_r, k_r):
     # closer one already cuts the chain (beta 0)
     cut = b_l == 0.0
     return gl.where(cut, a_l, a_l + b_l * a_r), b_l * b_r, k_l & (k_r | cut.to(gl.int32))
-
-
-@gluon.jit
-def _low_float(word):
-    return (word & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _bits(x):
-    return x.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF
 
 
 @gluon.jit
@@ -106,7 +99,7 @@ def _resolve(state_ptr, epoch, j, acc_a, acc_b, num_chunks, chunk_beta, word,
         ready = (word >> 34) == epoch
         status = (word >> 32) & 3
         a = gl.where(inside & ready, _low_float(word), 0.0)
-        b = gl.where(inside, gl.where(ready, gl.where(status == 1, chunk_beta, 0.0), 1.0), 0.0)
+        b = gl.where(inside, gl.where(ready, gl.where(status == _MAP, chunk_beta, 0.0), 1.0), 0.0)
         k = gl.where(inside, ready.to(gl.int32), 1)
         sa, sb, sk = gl.associative_scan((a, b, k), 0, _window_compose)
         wa = gl.sum(gl.where(last, sa, 0.0), axis=0)
@@ -139,7 +132,7 @@ def _finish(park, state_ptr, adv_ptr, ret_ptr, chunk, carry, epoch, stride_t, n,
         gl.store(ret_ptr + offs, adv + v)
         if q == 0:
             first = (kq == 0) & (n >= 0)
-            word = _bits(adv) | ((epoch.to(gl.int64) << 34) | (3 << 32))
+            word = _bits(adv) | _tag(epoch, _START)
             gl.atomic_xchg(state_ptr + chunk * BLOCK_N + n + 0 * kq, word, mask=first, sem="relaxed")
 
 
@@ -187,8 +180,8 @@ def _parked_gae_kernel(r_ptr, v_ptr, d_ptr, u_ptr, b_ptr, adv_ptr, ret_ptr, stat
         d2, b2 = _then(d2, b2, after_a, after_b)
         d3, b3 = _then(d3, b3, after_a, after_b)
         first = (kq == 0) & (n >= 0)
-        tag = gl.where(b0 == 0.0, (epoch.to(gl.int64) << 34) | (2 << 32), (epoch.to(gl.int64) << 34) | (1 << 32))
-        gl.atomic_xchg(state_ptr + chunk * BLOCK_N + n + 0 * kq, _bits(d0) | tag, mask=first, sem="relaxed")
+        gl.atomic_xchg(state_ptr + chunk * BLOCK_N + n + 0 * kq, _bits(d0) | _map_tag(epoch, b0), mask=first,
+                       sem="relaxed")
         _park(park, 0, d0, b0, v0)
         _park(park, 1, d1, b1, v1)
         _park(park, 2, d2, b2, v2)
