@@ -1,0 +1,333 @@
+"""Experiment (session 37, not adopted): the time-major 16-env tile with its loads through TMA
+instead of the SM's load path. Right on the H200; as fast as the Triton kernel without a walk,
+9-47% slower with one (docs/benchmarks.md, session 37, "Tile loads through TMA").
+
+Session 34 timed a walk's read of L2 at 1.7-3.5 us under full traffic, about what the loads already
+in flight from the programs on the same SM take to arrive. If that read waits in the SM's own load
+path behind those loads, tile loads that leave through the tensor memory accelerator (its own path
+to L2) let it skip the queue; if it waits at L2, nothing changes. This kernel is the Triton kernel's
+16x256 time-major tile (one chunk a program, chunks taken from the end of time, the same one-word
+look-back state) with its loads changed: one thread asks TMA for the tile of each input into shared
+memory, all against one mbarrier; the four quarters are then read from shared memory. Shared-memory
+views cannot shift by one step, so it scans B_t = gamma V_t + gamma lam A_t, whose step maps need
+no V(s_{t+1}) (see the kernel). `CONFIGS` picks warps, the walk (1: the Triton kernel's, 2:
+`gluon_parked.py`'s window scan, 0: none, wrong answers, a bound) and a register cap.
+
+    python docs/experiments/gluon_tma.py            # on a CUDA GPU: check against float64, then time
+    python docs/experiments/gluon_tma.py --compile  # without one: compile for sm_90, print registers
+
+Time-major rollouts of exactly 16 envs whose steps divide into 256, bool flags, bootstrap values,
+float32.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gluon_parked as parked  # noqa: E402  (the look-back window, the map algebra, the bench helpers)
+
+bench = parked.bench
+BLOCK_N, BLOCK_T = 16, 256
+_then, _compose_rest, _low_float = parked._then, parked._compose_rest, parked._low_float
+_bits, _tag, _map_tag, _START = parked._bits, parked._tag, parked._map_tag, parked._START
+_CUT = gl.constexpr(parked.triton_gae.STATUS_CUT)
+
+
+@gluon.jit
+def _continues(d_q, u_q, step, T):
+    # where B_{t+1} counts: the step is neither terminated nor truncated nor the row's last
+    return (d_q == 0) & (u_q == 0) & (step != T - 1)
+
+
+@gluon.jit
+def _quarter(r_q, v_q, d_q, u_q, b_q, step, T, gamma, gamma_lam):
+    """A step's terms in the form that needs no V(s_{t+1}) (see `_tma_gae_kernel`): `e` (A_t without
+    B_{t+1}) and the step's map of B."""
+    terminated = d_q != 0
+    ends = (u_q != 0) | (step == T - 1)  # V(s_{t+1}) is the bootstrap value
+    e = r_q - v_q + gl.where(ends & ~terminated, gamma * b_q, 0.0)
+    return e, gamma * v_q + gamma_lam * e, gl.where(_continues(d_q, u_q, step, T), gamma_lam, 0.0)
+
+
+@gluon.jit
+def _finish(e, later_b, v_f, d_f, u_f, q: gl.constexpr, step, T, offs, adv_ptr, ret_ptr,
+            BLOCK_N: gl.constexpr, L: gl.constexpr):
+    # the quarter's values and flags come back from shared memory rather than living in registers
+    # through the walk
+    cols = v_f.slice(q * BLOCK_N, BLOCK_N, dim=1)
+    cont = _continues(d_f.slice(q * BLOCK_N, BLOCK_N, dim=1).load(L), u_f.slice(q * BLOCK_N, BLOCK_N, dim=1).load(L),
+                      step + q, T)
+    adv = e + gl.where(cont, later_b, 0.0)
+    gl.store(adv_ptr + offs + q * BLOCK_N, adv)
+    gl.store(ret_ptr + offs + q * BLOCK_N, adv + cols.load(L))
+
+
+@gluon.jit
+def _walk(state_ptr, epoch, chunk, num_chunks, chunk_beta, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
+          RL: gl.constexpr):
+    """The Triton kernel's look-back walk (`kernels/triton_gae.py`, `_look_back`), a row a lane (RL):
+    rounds of WINDOW later chunks' words, composed in time order until one holds a start value, a
+    map cuts the chain or the row ends."""
+    rows = gl.arange(0, BLOCK_N, layout=RL).to(gl.int64)
+    carry = gl.zeros([BLOCK_N], gl.float32, RL)
+    acc_a = gl.zeros([BLOCK_N], gl.float32, RL)
+    acc_b = acc_a + 1.0
+    j = gl.zeros([BLOCK_N], gl.int64, RL) + chunk + 1
+    pending = j < num_chunks
+    while gl.max(pending.to(gl.int32), axis=0) > 0:
+        base = j
+        live = pending
+        going = pending
+        for i in gl.static_range(WINDOW):
+            later = base + i
+            ok = live & (later < num_chunks)
+            word = gl.load(state_ptr + gl.minimum(later, num_chunks - 1) * BLOCK_N + rows, volatile=True)
+            ready = going & ok & ((word >> 34) == epoch)
+            status = (word >> 32) & 3
+            has_start = ready & (status == _START)
+            has_map = ready & (status != _START)
+            later_beta = gl.where(status == _CUT, 0.0, chunk_beta)
+            carry = gl.where(has_start, acc_a + acc_b * _low_float(word), carry)
+            acc_a = gl.where(has_map, acc_a + acc_b * _low_float(word), acc_a)
+            acc_b = gl.where(has_map, acc_b * later_beta, acc_b)
+            j = gl.where(has_map, j + 1, j)
+            resolved = has_map & ((acc_b == 0.0) | (j == num_chunks))
+            carry = gl.where(resolved, acc_a, carry)
+            pending = pending & ~has_start & ~resolved
+            going = going & has_map & ~resolved
+    return carry
+
+
+@gluon.jit(do_not_specialize=["epoch"])
+def _tma_gae_kernel(r_desc, v_desc, d_desc, u_desc, b_desc, adv_ptr, ret_ptr, state_ptr,
+                    T, num_chunks, gamma, gamma_lam, chunk_beta, epoch,
+                    BLOCK_N: gl.constexpr, BLOCK_T: gl.constexpr, WINDOW: gl.constexpr,
+                    WARPS: gl.constexpr, WALK: gl.constexpr):
+    NUM_QUADS: gl.constexpr = BLOCK_T // 4
+    QW: gl.constexpr = 4 * BLOCK_N  # a quad's four steps, one row of the flat view
+    # [quads, envs]: a thread holds 4 envs of NUM_QUADS // (8 * WARPS) consecutive quads
+    L: gl.constexpr = gl.BlockedLayout([NUM_QUADS // (8 * WARPS), 4], [8, 4], [WARPS, 1], [1, 0])
+    WL: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [WARPS, 1], [1, 0])
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    chunk = num_chunks - 1 - gl.program_id(0)
+    t0 = chunk * BLOCK_T
+
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    r_s = gl.allocate_shared_memory(gl.float32, [BLOCK_T, BLOCK_N], r_desc.layout)
+    v_s = gl.allocate_shared_memory(gl.float32, [BLOCK_T, BLOCK_N], v_desc.layout)
+    d_s = gl.allocate_shared_memory(gl.uint8, [BLOCK_T, BLOCK_N], d_desc.layout)
+    u_s = gl.allocate_shared_memory(gl.uint8, [BLOCK_T, BLOCK_N], u_desc.layout)
+    b_s = gl.allocate_shared_memory(gl.float32, [BLOCK_T, BLOCK_N], b_desc.layout)
+    mbarrier.init(bar, count=1)
+    fence_async_shared()
+    mbarrier.expect(bar, BLOCK_T * BLOCK_N * 14)  # bytes: three float tiles, two of flags
+    tma.async_copy_global_to_shared(r_desc, [t0, 0], bar, r_s)
+    tma.async_copy_global_to_shared(v_desc, [t0, 0], bar, v_s)
+    tma.async_copy_global_to_shared(d_desc, [t0, 0], bar, d_s)
+    tma.async_copy_global_to_shared(u_desc, [t0, 0], bar, u_s)
+    tma.async_copy_global_to_shared(b_desc, [t0, 0], bar, b_s)
+
+    kq = gl.expand_dims(gl.arange(0, NUM_QUADS, layout=gl.SliceLayout(1, L)), 1)
+    n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L)), 0)
+    zero = gl.zeros([NUM_QUADS, BLOCK_N], gl.float32, L)
+    j = gl.zeros([BLOCK_N], gl.int64, gl.SliceLayout(0, WL)) + chunk + 1
+    mbarrier.wait(bar, 0)
+    mbarrier.invalidate(bar)
+
+    # flat views: row k holds quad k's four steps of all envs; quarter q is columns q*BLOCK_N..
+    r_f = r_s._reinterpret(gl.float32, [NUM_QUADS, QW], FLAT)
+    v_f = v_s._reinterpret(gl.float32, [NUM_QUADS, QW], FLAT)
+    d_f = d_s._reinterpret(gl.uint8, [NUM_QUADS, QW], FLAT)
+    u_f = u_s._reinterpret(gl.uint8, [NUM_QUADS, QW], FLAT)
+    b_f = b_s._reinterpret(gl.float32, [NUM_QUADS, QW], FLAT)
+    # V(s_{t+1}) of a quad's last step is the next quad's first, another thread's (shared-memory views
+    # cannot shift by a row), so the scan runs on B_t = gamma * V_t + gamma * lam * A_t instead, whose
+    # step map needs the step's own inputs only: with e_t = r_t - V_t (+ gamma * bootstrap where
+    # V(s_{t+1}) is one), A_t = e_t + B_{t+1} where the episode continues (else e_t), and
+    # B_t = (gamma * V_t + gamma * lam * e_t) + gamma * lam * B_{t+1} there (else the first term).
+    step = t0 + 4 * kq + 0 * n
+    e0, a0, b0 = _quarter(r_f.slice(0, BLOCK_N, dim=1).load(L), v_f.slice(0, BLOCK_N, dim=1).load(L),
+                          d_f.slice(0, BLOCK_N, dim=1).load(L), u_f.slice(0, BLOCK_N, dim=1).load(L),
+                          b_f.slice(0, BLOCK_N, dim=1).load(L), step, T, gamma, gamma_lam)
+    e1, a1, b1 = _quarter(r_f.slice(BLOCK_N, BLOCK_N, dim=1).load(L), v_f.slice(BLOCK_N, BLOCK_N, dim=1).load(L),
+                          d_f.slice(BLOCK_N, BLOCK_N, dim=1).load(L), u_f.slice(BLOCK_N, BLOCK_N, dim=1).load(L),
+                          b_f.slice(BLOCK_N, BLOCK_N, dim=1).load(L), step + 1, T, gamma, gamma_lam)
+    e2, a2, b2 = _quarter(r_f.slice(2 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          v_f.slice(2 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          d_f.slice(2 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          u_f.slice(2 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          b_f.slice(2 * BLOCK_N, BLOCK_N, dim=1).load(L), step + 2, T, gamma, gamma_lam)
+    e3, a3, b3 = _quarter(r_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          v_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          d_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          u_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L),
+                          b_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L), step + 3, T, gamma, gamma_lam)
+
+    # each step's map of B to the end of its quad, then what follows each quad, as the Triton kernel does
+    a2, b2 = _then(a2, b2, a3, b3)
+    a1, b1 = _then(a1, b1, a2, b2)
+    a0, b0 = _then(a0, b0, a1, b1)
+    _, _, after_a, after_b = gl.associative_scan((a0, b0, zero, zero + 1.0), 0, _compose_rest, reverse=True)
+    a0, b0 = _then(a0, b0, after_a, after_b)
+    a1, b1 = _then(a1, b1, after_a, after_b)
+    a2, b2 = _then(a2, b2, after_a, after_b)
+    a3, b3 = _then(a3, b3, after_a, after_b)
+
+    first = (kq == 0) & (n >= 0)
+    own = state_ptr + chunk * BLOCK_N + n + 0 * kq
+    if WALK:  # the state holds B at a chunk's first step, and maps of B
+        gl.atomic_xchg(own, _bits(a0) | _map_tag(epoch, b0), mask=first, sem="relaxed")
+        if WALK == 1:  # the Triton kernel's walk, a row a lane
+            carry = _walk(state_ptr, epoch, chunk, num_chunks, chunk_beta, BLOCK_N, WINDOW, gl.SliceLayout(0, WL))
+            c = gl.expand_dims(gl.convert_layout(carry, gl.SliceLayout(0, L)), 0)
+        else:  # session 36's: a window of chunks x rows, a word a thread, composed by a scan
+            identity_a = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, WL))
+            words = parked._window_words(state_ptr, j, num_chunks, True, BLOCK_N, WINDOW, WL)
+            carry = parked._resolve(state_ptr, epoch, j, identity_a, identity_a + 1.0, num_chunks, chunk_beta, words,
+                                    BLOCK_N, WINDOW, WL)
+            c = gl.expand_dims(gl.convert_layout(carry, gl.SliceLayout(0, L)), 0)
+        a0, a1, a2, a3, after_a = a0 + b0 * c, a1 + b1 * c, a2 + b2 * c, a3 + b3 * c, after_a + after_b * c
+        gl.atomic_xchg(own, _bits(a0) | _tag(epoch, _START), mask=first, sem="relaxed")
+    offs = step * BLOCK_N + n
+    _finish(e0, a1, v_f, d_f, u_f, 0, step, T, offs, adv_ptr, ret_ptr, BLOCK_N, L)
+    _finish(e1, a2, v_f, d_f, u_f, 1, step, T, offs, adv_ptr, ret_ptr, BLOCK_N, L)
+    _finish(e2, a3, v_f, d_f, u_f, 2, step, T, offs, adv_ptr, ret_ptr, BLOCK_N, L)
+    _finish(e3, after_a, v_f, d_f, u_f, 3, step, T, offs, adv_ptr, ret_ptr, BLOCK_N, L)
+
+
+def _layout(bits: int):
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+
+
+class TmaGae:
+    """Host side: descriptors for the [T, 16] buffers behind time-major [16, T] views, a look-back
+    state, an epoch per call."""
+
+    def __init__(self, num_steps: int, device, warps: int = 4, walk: int = 1, maxnreg: int | None = None):
+        self.warps, self.walk, self.maxnreg = warps, walk, maxnreg
+        self.num_chunks = num_steps // BLOCK_T
+        self.state = torch.zeros(self.num_chunks * BLOCK_N, dtype=torch.int64, device=device)
+        self.epoch = 0
+
+    @staticmethod
+    def _desc(x: torch.Tensor) -> TensorDescriptor:
+        buf = x.T  # [T, 16], contiguous
+        if buf.dtype == torch.bool:
+            buf = buf.view(torch.uint8)
+        return TensorDescriptor.from_tensor(buf, [BLOCK_T, BLOCK_N], _layout(8 * buf.element_size()))
+
+    def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):
+        T = rewards.shape[1]
+        if rewards.shape[0] != BLOCK_N or T % BLOCK_T or rewards.stride() != (1, BLOCK_N):
+            raise ValueError(f"wants a time-major 16 x (multiple of {BLOCK_T}) view, got {tuple(rewards.shape)}")
+        self.epoch += 1
+        gamma_lam = gamma * lam
+        chunk_beta = torch.tensor(gamma_lam, dtype=torch.float32)
+        for _ in range(BLOCK_T.bit_length() - 1):  # squared in float32, as the Triton kernel does
+            chunk_beta = chunk_beta * chunk_beta
+        d = self._desc
+        _tma_gae_kernel[(self.num_chunks,)](
+            d(rewards), d(values), d(terminateds), d(truncateds), d(bootstrap),
+            advantages, returns, self.state, T, self.num_chunks, gamma, gamma_lam, float(chunk_beta), self.epoch,
+            BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if self.walk == 1 else 2 * self.warps, WARPS=self.warps,
+            WALK=self.walk, num_warps=self.warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
+
+
+CONFIGS = [tuple(int(v) for v in c.split(",")) for c in os.environ.get(
+    "CONFIGS", "4,1,168 4,1,0 4,2,0 4,0,0 8,1,0 8,1,80 8,0,0").split()]  # warps, walk, maxnreg
+
+
+def _run(x, k, gamma, lam):
+    k(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"],
+      x["advantages"], x["returns"], gamma, lam)
+
+
+def check(T, done_rate, gamma, lam):
+    x = bench.make_inputs(16, T, True, done_rate)
+    expected = bench.reference_advantages(x, gamma, lam)
+    for warps, walk, regs in CONFIGS:
+        if not walk:
+            continue
+        k = TmaGae(T, "cuda", warps, walk, regs or None)
+        for call in range(3):
+            x["advantages"].fill_(float("nan"))
+            x["returns"].fill_(float("nan"))
+            _run(x, k, gamma, lam)
+            torch.cuda.synchronize()
+            err = bench.relative_error(x, expected)
+            ret_err = (x["returns"] - x["advantages"] - x["values"]).abs().max().item()
+            print(f"check 16x{T} done {done_rate} g,l={gamma},{lam} {warps}w#{regs}: call {call} rel err {err:.2e} "
+                  f"returns err {ret_err:.2e} nan {x['advantages'].isnan().sum().item()}", flush=True)
+
+
+def timing(T, rounds=2):
+    x = bench.make_inputs(16, T, True)
+    nbytes = bench.BYTES_PER_ELEMENT * 16 * T
+    calls = max(5, min(100, int(2e8 // nbytes)))
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    kernels = {f"{w}w walk{walk}#{m}": TmaGae(T, "cuda", w, walk, m or None)
+               for w, walk, m in CONFIGS}
+    for r in range(rounds):
+        cells = [f"copy {bench.queued_time_us(lambda: dst.copy_(src), calls):.2f}"]
+        cells.append(f"HEAD {bench.queued_time_us(lambda: bench.launch_tile(x, {}), calls):.2f}")
+        for name, k in kernels.items():
+            us = bench.queued_time_us(lambda k=k: _run(x, k, bench.GAMMA, bench.LAM), calls)
+            cells.append(f"{name} {us:.2f}")
+        print(f"time 16x{T} round {r}: " + "  ".join(cells), flush=True)
+
+
+def compile_only():
+    """Compile for sm_90 with this machine's Triton (no GPU needed); print registers and stack."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    k = _tma_gae_kernel
+
+    def desc(ty, bits):
+        return f"tensordesc<{ty}[{BLOCK_T}, {BLOCK_N}],{_layout(bits)!r}>"
+
+    types = dict(r_desc=desc("fp32", 32), v_desc=desc("fp32", 32),
+                 d_desc=desc("u8", 8), u_desc=desc("u8", 8), b_desc=desc("fp32", 32),
+                 adv_ptr="*fp32", ret_ptr="*fp32", state_ptr="*i64", T="i32", num_chunks="i32",
+                 gamma="fp32", gamma_lam="fp32", chunk_beta="fp32", epoch="i32",
+                 BLOCK_N="constexpr", BLOCK_T="constexpr", WINDOW="constexpr",
+                 WARPS="constexpr", WALK="constexpr")
+    attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("adv_ptr", "ret_ptr", "state_ptr")}
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for warps, walk, regs in CONFIGS:
+        consts = {(k.arg_names.index(p),): v for p, v in dict(
+            BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if walk == 1 else 2 * warps, WARPS=warps, WALK=walk).items()}
+        c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=warps, maxnreg=regs or None))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        print(f"{warps}w walk {walk} #{regs}:", re.search(r"REG:\d+ STACK:\d+", usage).group(0),
+              f"shared memory {c.metadata.shared} bytes")
+
+
+if __name__ == "__main__":
+    if "--compile" in sys.argv:
+        compile_only()
+        sys.exit()
+    print(torch.cuda.get_device_name(), flush=True)
+    check(65536, 0.05, bench.GAMMA, bench.LAM)
+    check(65536, 0.0, 1.0, 1.0)
+    check(1 << 20, 0.001, bench.GAMMA, bench.LAM)
+    timing(1 << 20)
+    timing(65536)
