@@ -319,6 +319,29 @@ def _probe(state_ptr, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr, RE
 
 
 @triton.jit
+def _walk_word(word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_beta, j, pending, going):
+    """One step of a walk (`_look_back`): the word of the next unread chunk `j` of each row, where `ok`
+    (read in this round, inside the row). A start advantage gives the carry; a map is composed
+    into the accumulated map `(acc_alpha, acc_beta)`, and the carry is known once that map cuts
+    (beta 0) or the row ends. Rows still `pending` keep `going` this round only while every word so
+    far was a ready map. Elementwise, so that other kernels (docs/experiments) walk the same way."""
+    ready = going & ok & ((word >> 34) == epoch)
+    status = (word >> 32) & 3
+    has_inclusive = ready & (status == _START)
+    has_aggregate = ready & (status != _START)
+    later_beta = tl.where(status == _CUT, 0.0, chunk_beta)
+    carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(word), carry)
+    acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(word), acc_alpha)
+    acc_beta = tl.where(has_aggregate, acc_beta * later_beta, acc_beta)
+    j = tl.where(has_aggregate, j + 1, j)
+    resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
+    carry = tl.where(resolved, acc_alpha, carry)
+    pending = pending & ~has_inclusive & ~resolved
+    going = going & has_aggregate & ~resolved  # a gap ends the round: reread from there
+    return carry, acc_alpha, acc_beta, j, pending, going
+
+
+@triton.jit
 def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, probe, chunk_beta,
                BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
                PUBLISH_COLUMN: tl.constexpr):
@@ -388,19 +411,8 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
                 later = base + i
                 ok = live & (later < num_chunks)
                 word = tl.load(state_ptr + tl.minimum(later, num_chunks - 1) * padded_rows + rows, volatile=True)
-                ready = going & ok & ((word >> 34) == epoch)
-                status = (word >> 32) & 3
-                has_inclusive = ready & (status == _START)
-                has_aggregate = ready & (status != _START)
-                later_beta = tl.where(status == _CUT, 0.0, chunk_beta)
-                carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(word), carry)
-                acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(word), acc_alpha)
-                acc_beta = tl.where(has_aggregate, acc_beta * later_beta, acc_beta)
-                j = tl.where(has_aggregate, j + 1, j)
-                resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
-                carry = tl.where(resolved, acc_alpha, carry)
-                pending = pending & ~has_inclusive & ~resolved
-                going = going & has_aggregate & ~resolved  # a gap ends the round: reread from there
+                carry, acc_alpha, acc_beta, j, pending, going = _walk_word(
+                    word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_beta, j, pending, going)
     if not PUBLISH_COLUMN:
         if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
             tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | _tag(epoch, _START),

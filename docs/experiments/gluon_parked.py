@@ -17,6 +17,7 @@ window, so every warp takes the same branch.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -37,9 +38,25 @@ BLOCK_N = 16
 
 # The Triton kernel's map algebra and state words, called from Gluon (a Gluon kernel may call
 # @triton.jit functions).
-_then, _compose_rest = triton_gae._then, triton_gae._compose_with_rest
+_then, _compose_rest, _quad_suffixes = triton_gae._then, triton_gae._compose_with_rest, triton_gae._quad_suffixes
 _low_float, _bits, _tag, _map_tag = triton_gae._low_float, triton_gae._float_bits, triton_gae._tag, triton_gae._map_tag
 _MAP, _START = gl.constexpr(triton_gae.STATUS_MAP), gl.constexpr(triton_gae.STATUS_START)
+
+
+@gluon.jit
+def scan_quads(a0, b0, a1, b1, a2, b2, a3, b3, AXIS: gl.constexpr):
+    """Each step's map to the end of the tile, for the four quarters of a quad tile (the Triton
+    kernel's `_quad_tile`: quarter j holds steps 4k + j, quads k along AXIS): the maps within each
+    quad in registers, one reverse scan of the quads' maps that also carries what follows each quad,
+    and that composed in. Also returns what follows each quad."""
+    zero = gl.zeros_like(a0)
+    a0, b0, a1, b1, a2, b2, a3, b3 = _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, zero, zero + 1.0)
+    _, _, after_a, after_b = gl.associative_scan((a0, b0, zero, zero + 1.0), AXIS, _compose_rest, reverse=True)
+    a0, b0 = _then(a0, b0, after_a, after_b)
+    a1, b1 = _then(a1, b1, after_a, after_b)
+    a2, b2 = _then(a2, b2, after_a, after_b)
+    a3, b3 = _then(a3, b3, after_a, after_b)
+    return a0, b0, a1, b1, a2, b2, a3, b3, after_a, after_b
 
 
 @gluon.jit
@@ -148,7 +165,6 @@ def _parked_gae_kernel(r_ptr, v_ptr, d_ptr, u_ptr, b_ptr, adv_ptr, ret_ptr, stat
     park = gl.allocate_shared_memory(gl.float32, [12, BLOCK_N, NUM_QUADS], SL)
     n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, L)), 1)
     kq = gl.expand_dims(gl.arange(0, NUM_QUADS, layout=gl.SliceLayout(0, L)), 0)
-    zero = gl.zeros([BLOCK_N, NUM_QUADS], gl.float32, L)
 
     ticket = gl.atomic_add(counter_ptr, 1) - ticket_base
     parked = ticket * 0
@@ -171,14 +187,7 @@ def _parked_gae_kernel(r_ptr, v_ptr, d_ptr, u_ptr, b_ptr, adv_ptr, ret_ptr, stat
                              BLOCK_N, WINDOW, WL)
             _finish(park, state_ptr, adv_ptr, ret_ptr, p_chunk, carry, epoch, stride_t, n, kq,
                     BLOCK_N, BLOCK_T, L)
-        d2, b2 = _then(d2, b2, d3, b3)
-        d1, b1 = _then(d1, b1, d2, b2)
-        d0, b0 = _then(d0, b0, d1, b1)
-        _, _, after_a, after_b = gl.associative_scan((d0, b0, zero, zero + 1.0), 1, _compose_rest, reverse=True)
-        d0, b0 = _then(d0, b0, after_a, after_b)
-        d1, b1 = _then(d1, b1, after_a, after_b)
-        d2, b2 = _then(d2, b2, after_a, after_b)
-        d3, b3 = _then(d3, b3, after_a, after_b)
+        d0, b0, d1, b1, d2, b2, d3, b3, _, _ = scan_quads(d0, b0, d1, b1, d2, b2, d3, b3, 1)
         first = (kq == 0) & (n >= 0)
         gl.atomic_xchg(state_ptr + chunk * BLOCK_N + n + 0 * kq, _bits(d0) | _map_tag(epoch, b0), mask=first,
                        sem="relaxed")
@@ -241,45 +250,62 @@ def run_parked(x, k, gamma, lam):
       x["advantages"], x["returns"], gamma, lam)
 
 
-def check(T, done_rate, gamma, lam):
+def parked_kernels(T):
+    return {f"{bt}x{warps}w/{programs}#{regs}": functools.partial(run_parked, k=ParkedGae(
+        T, "cuda", programs, bt, warps, regs or None)) for bt, warps, programs, regs in CONFIGS}
+
+
+def check(T, done_rate, gamma, lam, kernels=parked_kernels):
+    """Each of `kernels(T)` (name: fn(x, gamma, lam)) against the float64 loop, three calls each, on
+    outputs poisoned with NaN first."""
     x = bench.make_inputs(16, T, True, done_rate)
     expected = bench.reference_advantages(x, gamma, lam)
-    for bt, warps, programs, regs in CONFIGS:
-        k = ParkedGae(T, "cuda", programs, bt, warps, regs or None)
+    for name, run in kernels(T).items():
         for call in range(3):
             x["advantages"].fill_(float("nan"))
             x["returns"].fill_(float("nan"))
             t0 = time.time()
-            run_parked(x, k, gamma, lam)
+            run(x, gamma=gamma, lam=lam)
             torch.cuda.synchronize()
             err = bench.relative_error(x, expected)
             ret_err = (x["returns"] - x["advantages"] - x["values"]).abs().max().item()
-            print(f"check 16x{T} done {done_rate} g=l={gamma},{lam} cfg {bt}x{warps}w/{programs}#{regs}: call {call} "
+            print(f"check 16x{T} done {done_rate} g=l={gamma},{lam} {name}: call {call} "
                   f"rel err {err:.2e} returns err {ret_err:.2e} nan {x['advantages'].isnan().sum().item()} "
                   f"({time.time() - t0:.2f} s)", flush=True)
 
 
-def timing(T, rounds=2):
+def timing(T, rounds=2, kernels=parked_kernels):
+    """Device us of each of `kernels(T)` beside a copy of the same bytes and the Triton kernel."""
     x = bench.make_inputs(16, T, True)
     nbytes = bench.BYTES_PER_ELEMENT * 16 * T
     calls = max(5, min(100, int(2e8 // nbytes)))
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    kernels = {f"{bt}x{w}w/{p}#{m}": ParkedGae(T, "cuda", p, bt, w, m or None) for bt, w, p, m in CONFIGS}
+    runs = kernels(T)
     for r in range(rounds):
         cells = [f"copy {bench.queued_time_us(lambda: dst.copy_(src), calls):.2f}"]
         cells.append(f"HEAD {bench.queued_time_us(lambda: bench.launch_tile(x, {}), calls):.2f}")
-        for name, k in kernels.items():
-            us = bench.queued_time_us(lambda k=k: run_parked(x, k, bench.GAMMA, bench.LAM), calls)
+        for name, run in runs.items():
+            us = bench.queued_time_us(lambda run=run: run(x, gamma=bench.GAMMA, lam=bench.LAM), calls)
             cells.append(f"{name} {us:.2f}")
         print(f"time 16x{T} round {r}: " + "  ".join(cells), flush=True)
 
 
-def compile_only():
-    """Compile the kernel for sm_90 with this machine's Triton (no GPU needed); print registers and stack."""
+def resource_usage(compiled) -> str:
+    """Registers and stack per thread of a kernel compiled by `triton.compile`, from its cubin."""
     import re
     import subprocess
 
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return re.search(r"REG:\d+ STACK:\d+", usage).group(0)
+
+
+def compile_only():
+    """Compile the kernel for sm_90 with this machine's Triton (no GPU needed); print registers and stack."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -289,17 +315,12 @@ def compile_only():
                  ticket_base="i64", gamma="fp32", gamma_lam="fp32", chunk_beta="fp32", epoch="i32",
                  BLOCK_N="constexpr", BLOCK_T="constexpr", WINDOW="constexpr", WARPS="constexpr")
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(9)}
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for bt, warps, _, regs in CONFIGS:
         consts = {(k.arg_names.index(n),): v
                   for n, v in dict(BLOCK_N=BLOCK_N, BLOCK_T=bt, WINDOW=2 * warps, WARPS=warps).items()}
         c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=warps, maxnreg=regs or None))
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(c.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        print(f"{bt}x{warps}w#{regs}:", re.search(r"REG:\d+ STACK:\d+", usage).group(0))
+        print(f"{bt}x{warps}w#{regs}:", resource_usage(c))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ float32.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-import tempfile
 
 import torch
 import triton
@@ -38,9 +38,8 @@ import gluon_parked as parked  # noqa: E402  (the look-back window, the map alge
 
 bench = parked.bench
 BLOCK_N, BLOCK_T = 16, 256
-_then, _compose_rest, _low_float = parked._then, parked._compose_rest, parked._low_float
+_walk_word = parked.triton_gae._walk_word
 _bits, _tag, _map_tag, _START = parked._bits, parked._tag, parked._map_tag, parked._START
-_CUT = gl.constexpr(parked.triton_gae.STATUS_CUT)
 
 
 @gluon.jit
@@ -90,21 +89,10 @@ def _walk(state_ptr, epoch, chunk, num_chunks, chunk_beta, BLOCK_N: gl.constexpr
         going = pending
         for i in gl.static_range(WINDOW):
             later = base + i
-            ok = live & (later < num_chunks)
             word = gl.load(state_ptr + gl.minimum(later, num_chunks - 1) * BLOCK_N + rows, volatile=True)
-            ready = going & ok & ((word >> 34) == epoch)
-            status = (word >> 32) & 3
-            has_start = ready & (status == _START)
-            has_map = ready & (status != _START)
-            later_beta = gl.where(status == _CUT, 0.0, chunk_beta)
-            carry = gl.where(has_start, acc_a + acc_b * _low_float(word), carry)
-            acc_a = gl.where(has_map, acc_a + acc_b * _low_float(word), acc_a)
-            acc_b = gl.where(has_map, acc_b * later_beta, acc_b)
-            j = gl.where(has_map, j + 1, j)
-            resolved = has_map & ((acc_b == 0.0) | (j == num_chunks))
-            carry = gl.where(resolved, acc_a, carry)
-            pending = pending & ~has_start & ~resolved
-            going = going & has_map & ~resolved
+            ok = live & (later < num_chunks)
+            carry, acc_a, acc_b, j, pending, going = _walk_word(word, ok, epoch, num_chunks, chunk_beta, carry, acc_a,
+                                                                acc_b, j, pending, going)
     return carry
 
 
@@ -139,7 +127,6 @@ def _tma_gae_kernel(r_desc, v_desc, d_desc, u_desc, b_desc, adv_ptr, ret_ptr, st
 
     kq = gl.expand_dims(gl.arange(0, NUM_QUADS, layout=gl.SliceLayout(1, L)), 1)
     n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L)), 0)
-    zero = gl.zeros([NUM_QUADS, BLOCK_N], gl.float32, L)
     j = gl.zeros([BLOCK_N], gl.int64, gl.SliceLayout(0, WL)) + chunk + 1
     mbarrier.wait(bar, 0)
     mbarrier.invalidate(bar)
@@ -173,15 +160,8 @@ def _tma_gae_kernel(r_desc, v_desc, d_desc, u_desc, b_desc, adv_ptr, ret_ptr, st
                           u_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L),
                           b_f.slice(3 * BLOCK_N, BLOCK_N, dim=1).load(L), step + 3, T, gamma, gamma_lam)
 
-    # each step's map of B to the end of its quad, then what follows each quad, as the Triton kernel does
-    a2, b2 = _then(a2, b2, a3, b3)
-    a1, b1 = _then(a1, b1, a2, b2)
-    a0, b0 = _then(a0, b0, a1, b1)
-    _, _, after_a, after_b = gl.associative_scan((a0, b0, zero, zero + 1.0), 0, _compose_rest, reverse=True)
-    a0, b0 = _then(a0, b0, after_a, after_b)
-    a1, b1 = _then(a1, b1, after_a, after_b)
-    a2, b2 = _then(a2, b2, after_a, after_b)
-    a3, b3 = _then(a3, b3, after_a, after_b)
+    # each step's map of B to the end of the tile, and what follows each quad
+    a0, b0, a1, b1, a2, b2, a3, b3, after_a, after_b = parked.scan_quads(a0, b0, a1, b1, a2, b2, a3, b3, 0)
 
     first = (kq == 0) & (n >= 0)
     own = state_ptr + chunk * BLOCK_N + n + 0 * kq
@@ -252,46 +232,13 @@ def _run(x, k, gamma, lam):
       x["advantages"], x["returns"], gamma, lam)
 
 
-def check(T, done_rate, gamma, lam):
-    x = bench.make_inputs(16, T, True, done_rate)
-    expected = bench.reference_advantages(x, gamma, lam)
-    for warps, walk, regs in CONFIGS:
-        if not walk:
-            continue
-        k = TmaGae(T, "cuda", warps, walk, regs or None)
-        for call in range(3):
-            x["advantages"].fill_(float("nan"))
-            x["returns"].fill_(float("nan"))
-            _run(x, k, gamma, lam)
-            torch.cuda.synchronize()
-            err = bench.relative_error(x, expected)
-            ret_err = (x["returns"] - x["advantages"] - x["values"]).abs().max().item()
-            print(f"check 16x{T} done {done_rate} g,l={gamma},{lam} {warps}w#{regs}: call {call} rel err {err:.2e} "
-                  f"returns err {ret_err:.2e} nan {x['advantages'].isnan().sum().item()}", flush=True)
-
-
-def timing(T, rounds=2):
-    x = bench.make_inputs(16, T, True)
-    nbytes = bench.BYTES_PER_ELEMENT * 16 * T
-    calls = max(5, min(100, int(2e8 // nbytes)))
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    kernels = {f"{w}w walk{walk}#{m}": TmaGae(T, "cuda", w, walk, m or None)
-               for w, walk, m in CONFIGS}
-    for r in range(rounds):
-        cells = [f"copy {bench.queued_time_us(lambda: dst.copy_(src), calls):.2f}"]
-        cells.append(f"HEAD {bench.queued_time_us(lambda: bench.launch_tile(x, {}), calls):.2f}")
-        for name, k in kernels.items():
-            us = bench.queued_time_us(lambda k=k: _run(x, k, bench.GAMMA, bench.LAM), calls)
-            cells.append(f"{name} {us:.2f}")
-        print(f"time 16x{T} round {r}: " + "  ".join(cells), flush=True)
+def tma_kernels(T, walking_only=False):
+    return {f"{w}w walk{walk}#{m}": functools.partial(_run, k=TmaGae(T, "cuda", w, walk, m or None))
+            for w, walk, m in CONFIGS if walk or not walking_only}
 
 
 def compile_only():
     """Compile for sm_90 with this machine's Triton (no GPU needed); print registers and stack."""
-    import re
-    import subprocess
-
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -307,18 +254,12 @@ def compile_only():
                  BLOCK_N="constexpr", BLOCK_T="constexpr", WINDOW="constexpr",
                  WARPS="constexpr", WALK="constexpr")
     attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("adv_ptr", "ret_ptr", "state_ptr")}
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for warps, walk, regs in CONFIGS:
         consts = {(k.arg_names.index(p),): v for p, v in dict(
             BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if walk == 1 else 2 * warps, WARPS=warps, WALK=walk).items()}
         c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=warps, maxnreg=regs or None))
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(c.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        print(f"{warps}w walk {walk} #{regs}:", re.search(r"REG:\d+ STACK:\d+", usage).group(0),
-              f"shared memory {c.metadata.shared} bytes")
+        print(f"{warps}w walk {walk} #{regs}:", parked.resource_usage(c), f"shared memory {c.metadata.shared} bytes")
 
 
 if __name__ == "__main__":
@@ -326,8 +267,9 @@ if __name__ == "__main__":
         compile_only()
         sys.exit()
     print(torch.cuda.get_device_name(), flush=True)
-    check(65536, 0.05, bench.GAMMA, bench.LAM)
-    check(65536, 0.0, 1.0, 1.0)
-    check(1 << 20, 0.001, bench.GAMMA, bench.LAM)
-    timing(1 << 20)
-    timing(65536)
+    walking = functools.partial(tma_kernels, walking_only=True)  # walk 0 gives wrong answers
+    parked.check(65536, 0.05, bench.GAMMA, bench.LAM, walking)
+    parked.check(65536, 0.0, 1.0, 1.0, walking)
+    parked.check(1 << 20, 0.001, bench.GAMMA, bench.LAM, walking)
+    parked.timing(1 << 20, kernels=tma_kernels)
+    parked.timing(65536, kernels=tma_kernels)
