@@ -320,11 +320,12 @@ def _probe(state_ptr, rows, row_ok, chunk, num_chunks, BLOCK_N: tl.constexpr, RE
 
 @triton.jit
 def _walk_word(word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_beta, j, pending, going):
-    """One step of a walk (`_look_back`): the word of the next unread chunk `j` of each row, where `ok`
-    (read in this round, inside the row). A start advantage gives the carry; a map is composed
-    into the accumulated map `(acc_alpha, acc_beta)`, and the carry is known once that map cuts
-    (beta 0) or the row ends. Rows still `pending` keep `going` this round only while every word so
-    far was a ready map. Elementwise, so that other kernels (docs/experiments) walk the same way."""
+    """One step of a walk (`_look_back`). `word`: each row's word of its next unread chunk `j`; `ok`:
+    where that read counts (the row is live this round, the chunk inside the row). A start advantage
+    gives the carry; a map is composed into the accumulated map `(acc_alpha, acc_beta)`, and the
+    carry is known once that map cuts (beta 0) or the row ends. A row stays `going` this round only
+    while every word so far was a ready map. Elementwise, so that the Gluon experiment in
+    docs/experiments walks the same way."""
     ready = going & ok & ((word >> 34) == epoch)
     status = (word >> 32) & 3
     has_inclusive = ready & (status == _START)
