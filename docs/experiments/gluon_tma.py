@@ -127,7 +127,6 @@ def _tma_gae_kernel(r_desc, v_desc, d_desc, u_desc, b_desc, adv_ptr, ret_ptr, st
 
     kq = gl.expand_dims(gl.arange(0, NUM_QUADS, layout=gl.SliceLayout(1, L)), 1)
     n = gl.expand_dims(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L)), 0)
-    j = gl.zeros([BLOCK_N], gl.int64, gl.SliceLayout(0, WL)) + chunk + 1
     mbarrier.wait(bar, 0)
     mbarrier.invalidate(bar)
 
@@ -172,6 +171,7 @@ def _tma_gae_kernel(r_desc, v_desc, d_desc, u_desc, b_desc, adv_ptr, ret_ptr, st
             c = gl.expand_dims(gl.convert_layout(carry, gl.SliceLayout(0, L)), 0)
         else:  # session 36's: a window of chunks x rows, a word a thread, composed by a scan
             identity_a = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, WL))
+            j = gl.zeros([BLOCK_N], gl.int64, gl.SliceLayout(0, WL)) + chunk + 1
             words = parked._window_words(state_ptr, j, num_chunks, True, BLOCK_N, WINDOW, WL)
             carry = parked._resolve(state_ptr, epoch, j, identity_a, identity_a + 1.0, num_chunks, chunk_beta, words,
                                     BLOCK_N, WINDOW, WL)
