@@ -27,6 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Triton >= 3.3: programmatic dependent launch (`uses_pdl`)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:
+    gdc_wait = None
+
 # Set before import, TRITON_INTERPRET=1 runs every kernel in Triton's interpreter (kernels.gae then sends
 # CPU tensors here too).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -433,8 +438,13 @@ def _gae_kernel(
     HAS_TRUNCATEDS: tl.constexpr, BOOTSTRAP: tl.constexpr, CHUNKED: tl.constexpr, FLAG_AXIS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, WINDOW: tl.constexpr, INCLUSIVE_EVERY: tl.constexpr,
     QUADS: tl.constexpr, PROBE: tl.constexpr, EVEN: tl.constexpr, REST_SCAN: tl.constexpr,
-    ALIGN_AXIS: tl.constexpr, ALIGN: tl.constexpr, PUBLISH_COLUMN: tl.constexpr,
+    ALIGN_AXIS: tl.constexpr, ALIGN: tl.constexpr, PUBLISH_COLUMN: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        # Launched as a programmatic dependent launch (`uses_pdl`): this grid may start while the kernel
+        # before it on the stream finishes. Wait here, before any memory access, until that kernel has
+        # completed and its writes are visible: the launch's latency overlaps its tail, nothing else.
+        gdc_wait()
     # What the host checked (`alignment`), in a form Triton's alignment analysis reads: it only knows
     # integers divisible by 16, so time-major rollouts of 4, 8 or 12 envs (a step stride of 4, 8 or
     # 12) ran on one-element loads and stores instead of 16-byte vectors.
@@ -661,7 +671,8 @@ class GaeLaunch:
     look-backs compose aggregates (see `_look_back`). `sparse_bootstrap` (read `bootstrap_values`
     only around truncations and the last column: in runs of four steps where the flags' loads run
     along the steps, at those steps alone elsewhere; by default `reads_bootstrap_sparsely`'s
-    choice) is a tuning knob too. A chunked tile that
+    choice) is a tuning knob too. `pdl` (by default `uses_pdl`'s choice) launches the grid as a
+    programmatic dependent launch. A chunked tile that
     `look_back_layout_ok` rejects raises `ValueError`.
 
     `graphs` (default: on CUDA, unless `RL_TRITON_CUDA_GRAPHS=0`): a call repeated with the same
@@ -687,6 +698,7 @@ class GaeLaunch:
         publish_ptx: bool | None = None,
         nvidia: bool | None = None,
         sparse_bootstrap: bool | None = None,
+        pdl: bool | None = None,
     ):
         rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
         num_envs, num_steps = values.shape
@@ -742,9 +754,14 @@ class GaeLaunch:
                    else PUBLISH_SUMMED)
         if maxnreg is None:
             maxnreg = register_cap(time_major, self.grid, publish, block_n, window, nvidia)
+        if pdl is None:
+            pdl = uses_pdl(self.device, nvidia)
+        elif pdl and not nvidia:
+            raise ValueError("a programmatic dependent launch needs a kernel compiled for an NVIDIA GPU")
+        self.pdl = bool(pdl)
         self.constexprs = (truncateds is not None, bootstrap_mode, self.chunked, flag_axis, block_n, block_t, window,
                            inclusive_every, quads, probe and self.chunked, even, rest_scan and quads,
-                           *alignment(tensors, time_major), publish)
+                           *alignment(tensors, time_major), publish, self.pdl)
         # With all pointers 16-byte aligned, this key fixes everything Triton specialises the kernel
         # on (see `_compiled`).
         self.maxnreg = maxnreg or None
@@ -755,7 +772,7 @@ class GaeLaunch:
         # `_capture`). That needs every word a walk can read rewritten by every call, which tests that
         # withhold start advantages (`inclusive_every > 1`) break: those launch eagerly.
         if graphs is None:
-            graphs = _CUDA_GRAPHS
+            graphs = _CUDA_GRAPHS and replays_graphs(self.chunked, self.pdl)
         graphs = graphs and self.device.type == "cuda" and _knobs is not None
         self.graphs = {} if graphs and (not self.chunked or inclusive_every == 1) else None
         self.last_call = None  # the key of the previous call: a repeated one is captured
@@ -869,6 +886,8 @@ class GaeLaunch:
             return
         if self.maxnreg is not None:
             constexpr_kwargs["maxnreg"] = self.maxnreg
+        if self.pdl:
+            constexpr_kwargs["launch_pdl"] = True
         with torch.cuda.device(self.device):
             kernel = _gae_kernel[(self.grid,)](*kernel_tensors, *self.ints, *floats, **constexpr_kwargs,
                                                num_warps=self.num_warps)
@@ -1010,6 +1029,33 @@ def register_cap(time_major: bool, grid: int, publish: int, block_n: int, window
     return None
 
 
+def uses_pdl(device: torch.device, nvidia: bool) -> bool:
+    """Whether a launch on `device` is a programmatic dependent launch (the `PDL` constexpr and
+    Triton's `launch_pdl`): CUDA launches the grid while the kernel before it on the stream is still
+    finishing, and the kernel waits for that one (`gdc_wait`) before its first memory access. What
+    it saves is the time between two kernels, which on one-wave grids is a large part of a call
+    (docs/benchmarks.md, session 38). NVIDIA GPUs of compute capability 9.0 and later
+    (`griddepcontrol` is sm_90 PTX), with a Triton that has it. `nvidia`: compiled for an NVIDIA GPU."""
+    if not nvidia or gdc_wait is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def replays_graphs(chunked: bool, pdl: bool) -> bool:
+    """Whether a launch replays CUDA graphs of its repeated calls by default (`GaeLaunch._capture`).
+
+    A graph saves the host most of a launch's cost (2.3 us against about 7 on the H200 host), and a
+    programmatic dependent launch (`uses_pdl`) saves the GPU the gap between the previous kernel and
+    this one; a graph's kernel does not get that overlap (session 38, H200, back to back: graph
+    replays of the PDL kernel ran at the device time of plain launches). So with PDL, chunked launches
+    (long rows, whose device time exceeds the host's cost) launch: 4x131072 time-major 6.7 us against
+    7.9 replayed, 16x65536 8.6 against 9.7-9.9, 1x1048576 6.9-7.0 against 8.2, 16x1M 105.3 against
+    106.8. Launches of whole rows (a training loop's rollouts of up to a few thousand steps) keep their
+    graphs: their calls cost the host 1.0-1.1x an empty launch replayed and 1.3-1.4x launched, and the
+    issue's production targets are about that cost."""
+    return not (chunked and pdl)
+
+
 # Look-back window (later chunks a round reads) by tile height, from the window sweeps in
 # docs/benchmarks.md (H200); other heights (env-major tiles of one row, 32-row tiles) read one chunk a
 # round. With three words a chunk (sessions 19-27), 4- and 8-row time-major tiles gained 4-11% from
@@ -1127,7 +1173,8 @@ _compiled: dict[tuple, object] = {}
 _MAX_COMPILED = 1024
 _knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older versions always take the generic path
 _CONSTEXPR_NAMES = ("HAS_TRUNCATEDS", "BOOTSTRAP", "CHUNKED", "FLAG_AXIS", "BLOCK_N", "BLOCK_T", "WINDOW",
-                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN", "ALIGN_AXIS", "ALIGN", "PUBLISH_COLUMN")
+                    "INCLUSIVE_EVERY", "QUADS", "PROBE", "EVEN", "REST_SCAN", "ALIGN_AXIS", "ALIGN", "PUBLISH_COLUMN",
+                    "PDL")
 
 
 def _active(hook):

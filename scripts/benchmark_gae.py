@@ -6,9 +6,10 @@
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
   device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
-            runs them without launch gaps, as training calls it: repeated calls replay CUDA graphs of
-            their launch (kernels/README.md, section 5); there, the median of three rounds that
-            alternate with the eager launch's (eager dev)
+            runs them without waiting for the host, as training calls it: repeated calls replay CUDA
+            graphs of their launch where compute_gae does (not chunked launches on sm_90+, which are
+            programmatic dependent launches instead; kernels/README.md, section 5); there, the median
+            of three rounds that alternate with the eager launch's (eager dev)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes. Env-major tiles of up to 1024 steps read
@@ -249,8 +250,9 @@ def main() -> None:
                              "(the early read of the next chunk on), +m (bounds masks kept), +r / +g (the "
                              "quads' scan carries what follows each quad / a gather reads it), +c / +s "
                              "(chunks publish from the tile's first column / from the tile summed to it), "
-                             "+x / +a (with atomics in inline PTX / Triton's atomics) and +b / +d "
-                             "(bootstrap values read only where they count / at every step)")
+                             "+x / +a (with atomics in inline PTX / Triton's atomics), +b / +d "
+                             "(bootstrap values read only where they count / at every step) and +l / +e "
+                             "(a programmatic dependent launch or not)")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,
@@ -356,7 +358,8 @@ def parse_tile(label: str) -> dict:
     +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
     +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`);
     +x / +a: with atomics in inline PTX / Triton's atomics (`publish_ptx`); +b / +d: bootstrap values read
-    only where they count / at every step (`sparse_bootstrap`)."""
+    only where they count / at every step (`sparse_bootstrap`); +l / +e: launched as a programmatic
+    dependent launch or not (`pdl`)."""
     label, *extras = label.split("+")
     label, _, scan = label.partition(":")
     label, _, regs = label.partition("#")
@@ -375,8 +378,11 @@ def parse_tile(label: str) -> dict:
             options["publish_ptx"] = extra == "x"
         elif extra in ("b", "d"):
             options["sparse_bootstrap"] = extra == "b"
+        elif extra in ("l", "e"):
+            options["pdl"] = extra == "l"
         else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' (+p, +m, +r, +g, +c, +s, +x, +a, +b or +d)")
+            raise ValueError(f"tile {label!r}: unknown option '+{extra}' "
+                             "(+p, +m, +r, +g, +c, +s, +x, +a, +b, +d, +l or +e)")
     if scan:
         if scan not in ("quads", "whole"):
             raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")

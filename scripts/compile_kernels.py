@@ -94,8 +94,8 @@ def fused_step_launches(obs_dim: int, act_dim: int, hidden: tuple[int, int], bat
 
 
 def gae_launch(num_envs: int, num_steps: int, time_major: bool,
-               options: dict | None = None) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
-    """`(launch, args, constants, attributes)`: the launch `compute_gae` makes on an NVIDIA GPU for
+               options: dict | None = None, arch: int = 90) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
+    """`(launch, args, constants, attributes)`: the launch `compute_gae` makes on an NVIDIA GPU of `arch` for
     bool flags and float32 everything else (bootstrap values, no last value), planned from meta
     tensors, with the arguments Triton would specialise as a launch does: integers equal to 1 as
     constants, pointers and integers divisible by 16 as such. `options`: `GaeLaunch`'s tuning knobs."""
@@ -107,7 +107,8 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool,
 
     rewards, values, bootstrap, advantages, returns = (tensor(torch.float32) for _ in range(5))
     tensors = (rewards, values, tensor(torch.bool), tensor(torch.bool), bootstrap, None, advantages, returns)
-    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False, **(options or {}))
+    options = {"pdl": arch >= 90, **(options or {})}  # as `uses_pdl` decides for a GPU of that arch
+    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False, **options)
     state = torch.empty(launch.state_words, dtype=torch.int64, device="meta")
     args = [*(tensors[i] for i in launch.slots), state, *launch.ints, 0.99, 0.99 * 0.95, 1]  # last: the epoch
     names = triton_gae._gae_kernel.arg_names[:len(args)]  # then the constexprs
@@ -141,11 +142,13 @@ def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None 
             options = parse_tile(config[0]) if config else {}
         except ValueError as error:
             raise SystemExit(f"--gae {spec!r}: not a sweep configuration ({error})") from None
-        launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major, options)
+        launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major, options, arch)
         types, positions = signature(triton_gae._gae_kernel, args, constants)
         options = {"num_warps": launch.num_warps}
         if launch.maxnreg is not None:
             options["maxnreg"] = launch.maxnreg
+        if launch.pdl:
+            options["launch_pdl"] = True
         start = time.perf_counter()
         compiled = triton.compile(ASTSource(triton_gae._gae_kernel, types, positions, attributes), target=target,
                                   options=options)

@@ -228,13 +228,13 @@ def test_how_chunks_publish_by_layout_grid_and_compiler():
     assert P.register_cap(True, 16384, P.PUBLISH_PTX, 1, 1, True) is None
 
 
-def test_the_cuda_launches_compile_for_an_nvidia_gpu():
+def test_the_cuda_launches_compile_for_an_nvidia_gpu(tmp_path):
     # The interpreter runs the kernel's Python without Triton's compiler, and cannot run the inline PTX
     # that env-major chunks publish with on an NVIDIA GPU at all. This compiles the launches compute_gae
     # plans there, for sm_90 down to a cubin (no GPU needed), one per kind of tile (GAE_SHAPES).
     script = Path(__file__).resolve().parents[1] / "scripts" / "compile_kernels.py"
-    done = subprocess.run([sys.executable, str(script), "--kernels", "gae"], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, str(script), "--kernels", "gae", "--dump", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("_gae_kernel [")]
     assert len(lines) == 13 and all("compiled in" in line for line in lines), done.stdout
@@ -248,6 +248,15 @@ def test_the_cuda_launches_compile_for_an_nvidia_gpu():
     # spilled 200 bytes at 5x100000).
     for line in lines:
         assert "STACK:0 " in line, line
+    # Each is a programmatic dependent launch on sm_90 (`uses_pdl`): the wait for the kernel before it
+    # (griddepcontrol.wait, ACQBULK in the SASS) comes before its first access to global memory.
+    sass = sorted(tmp_path.glob("*.sass"))
+    assert len(sass) == 13
+    for path in sass:
+        code = path.read_text()
+        wait = code.find("ACQBULK")
+        first_access = re.search(r"\b(LDG|STG|ATOMG|ATOM|RED|LD|ST)\.", code)
+        assert 0 <= wait < first_access.start(), f"{path.name}: memory accessed before the wait"
 
 
 def launch_tensors(rollout, outputs=None):
@@ -543,11 +552,21 @@ def refill(rollout, outputs, seed):
 needs_cuda_graphs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
 
 
+@pytest.fixture
+def chunked_graphs(monkeypatch):
+    """Chunked launches replay graphs, as they do by default where a programmatic dependent launch is
+    not available (`replays_graphs`), and every signature is planned afresh."""
+    from kernels import gae
+
+    monkeypatch.setattr(triton_gae, "replays_graphs", lambda chunked, pdl: True)
+    monkeypatch.setattr(gae, "_runs", {})
+
+
 @needs_cuda_graphs
 @pytest.mark.parametrize("num_envs,num_steps,time_major,chunked", [
     (1, 2048, False, False), (64, 256, True, False), (7, 127, False, False),
     (3, 5000, False, True), (16, 3000, True, True), (5, 70_000, True, True)])
-def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major, chunked):
+def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major, chunked, chunked_graphs):
     # The launch is kept per signature across tests, and freed tensors' addresses come back: count
     # this test's graphs by their keys, and its replays from its first call on.
     rollout = random_rollout(num_envs, num_steps, density=0.05, time_major=time_major, device="cuda", seed=60)
@@ -587,7 +606,7 @@ def graph_key(rollout, outputs, gamma=0.99, lam=0.95):
 
 @needs_cuda_graphs
 @pytest.mark.parametrize("time_major", [False, True])
-def test_replayed_chunked_calls_walk_unbroken_chains(time_major):
+def test_replayed_chunked_calls_walk_unbroken_chains(time_major, chunked_graphs):
     # No episode ends and gamma * lambda = 0.995 (3e-7 after 3000 steps, far from float32's 0):
     # nothing cuts a chain or fades it to 0, so every chunk's walk runs until a later chunk's start
     # advantage is ready. (At 0.999 float32 rounding alone exceeds TOL, eager or replayed.)
@@ -621,7 +640,7 @@ def test_replays_run_on_the_current_stream():
 
 
 @needs_cuda_graphs
-def test_chunked_replays_on_two_streams_keep_their_own_look_back_state():
+def test_chunked_replays_on_two_streams_keep_their_own_look_back_state(chunked_graphs):
     # Each stream's calls repeat, so each stream replays graphs of its own; queued behind sleeps,
     # the two streams' replays overlap on the GPU, and a shared look-back buffer would mix them.
     rollout = random_rollout(4, 6000, density=0.01, time_major=True, device="cuda", seed=64)
@@ -679,9 +698,50 @@ def test_which_launches_replay_graphs(monkeypatch):
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
     assert GaeLaunch(unchunked).graphs is None and GaeLaunch(chunked).graphs is None
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", True)
-    # Only CUDA launches replay graphs; the interpreter launches every call.
+    # Only CUDA launches replay graphs; the interpreter launches every call. Chunked launches do not
+    # where they are programmatic dependent launches, which a graph's replay would not overlap.
     assert (GaeLaunch(unchunked).graphs is not None) == (DEVICE == "cuda")
-    assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda")
+    assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda" and not GaeLaunch(chunked).pdl)
+    assert (GaeLaunch(chunked, graphs=True).graphs is not None) == (DEVICE == "cuda")
+    assert triton_gae.replays_graphs(chunked=False, pdl=True) and triton_gae.replays_graphs(chunked=True, pdl=False)
+    assert not triton_gae.replays_graphs(chunked=True, pdl=True)
+
+
+def test_programmatic_dependent_launch_only_where_the_gpu_has_it():
+    tensors = launch_tensors(random_rollout(4, 3000, device=DEVICE))
+    pdl_at = triton_gae._CONSTEXPR_NAMES.index("PDL")
+    # Not in the interpreter, nor for a kernel planned for an NVIDIA GPU without one to ask.
+    assert not triton_gae.uses_pdl(torch.device("cpu"), nvidia=False)
+    assert not triton_gae.uses_pdl(torch.device("cpu"), nvidia=True)
+    with pytest.raises(ValueError, match="programmatic dependent launch needs a kernel compiled for an NVIDIA GPU"):
+        GaeLaunch(tensors, nvidia=False, pdl=True, graphs=False)
+    assert GaeLaunch(tensors, nvidia=True, pdl=True, graphs=False).constexprs[pdl_at] is True
+    launch = GaeLaunch(tensors, graphs=False)
+    hopper = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
+    assert launch.pdl == launch.constexprs[pdl_at] == (hopper and triton_gae.gdc_wait is not None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_envs,num_steps,time_major", [(4, 131072, True), (64, 256, True), (3, 5000, False)])
+def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_wrote(num_envs, num_steps, time_major):
+    # A programmatic dependent launch (sm_90 and later) may start while the kernel before it is still
+    # finishing; the kernel must wait for that kernel's writes before its first load or store.
+    rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=time_major, device="cuda", seed=70)
+    outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
+    assert_matches_oracle(rollout, outputs=outputs)
+    for call in range(4):
+        g = torch.Generator(device="cuda").manual_seed(80 + call)
+        new_rewards = torch.randn(rollout["rewards"].shape, device="cuda", generator=g)
+        new_values = torch.randn(rollout["values"].shape, device="cuda", generator=g)
+        torch.cuda._sleep(1_000_000)  # the host gets ahead: what follows runs back to back on the GPU
+        for out in outputs:
+            out.fill_(float("nan"))
+        rollout["rewards"].copy_(new_rewards)
+        rollout["values"].copy_(new_values)  # the kernel just before the launch writes its values
+        compute_gae(**rollout, advantages=outputs[0], returns=outputs[1])
+        expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
+        torch.testing.assert_close(outputs[0].cpu().double(), expected_adv, **TOL)
+        torch.testing.assert_close(outputs[1].cpu().double(), expected_ret, **TOL)
 
 
 def test_look_back_state_is_reused_across_calls_and_shapes():
