@@ -1035,8 +1035,10 @@ def uses_pdl(device: torch.device, nvidia: bool) -> bool:
     finishing, and the kernel waits for that one (`gdc_wait`) before its first memory access. What
     it saves is the time between two kernels, which on one-wave grids is a large part of a call
     (docs/benchmarks.md, session 38). NVIDIA GPUs of compute capability 9.0 and later
-    (`griddepcontrol` is sm_90 PTX), with a Triton that has it. `nvidia`: compiled for an NVIDIA GPU."""
-    if not nvidia or gdc_wait is None or device.type != "cuda":
+    (`griddepcontrol` is sm_90 PTX), with a Triton that has it, unless `RL_TRITON_PDL=0` (say, for a
+    driver that cannot capture such a launch into a CUDA graph of the caller's). `nvidia`: compiled for
+    an NVIDIA GPU."""
+    if not nvidia or gdc_wait is None or device.type != "cuda" or not _PDL:
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)
 
@@ -1187,6 +1189,9 @@ def _active(hook):
 # called with twice in a row; a training loop's buffer needs one.
 CUDA_GRAPHS_ENV = "RL_TRITON_CUDA_GRAPHS"
 _CUDA_GRAPHS = os.environ.get(CUDA_GRAPHS_ENV, "1") not in ("", "0")
+# Programmatic dependent launches (`uses_pdl`): on where the GPU has them, unless RL_TRITON_PDL=0.
+PDL_ENV = "RL_TRITON_PDL"
+_PDL = os.environ.get(PDL_ENV, "1") not in ("", "0")
 _MAX_GRAPHS = 8
 _capture_streams: dict[torch.device, torch.cuda.Stream] = {}
 _capture_lock = threading.Lock()  # one capture at a time on a device's capture stream

@@ -707,7 +707,7 @@ def test_which_launches_replay_graphs(monkeypatch):
     assert not triton_gae.replays_graphs(chunked=True, pdl=True)
 
 
-def test_programmatic_dependent_launch_only_where_the_gpu_has_it():
+def test_programmatic_dependent_launch_only_where_the_gpu_has_it(monkeypatch):
     tensors = launch_tensors(random_rollout(4, 3000, device=DEVICE))
     pdl_at = triton_gae._CONSTEXPR_NAMES.index("PDL")
     # Not in the interpreter, nor for a kernel planned for an NVIDIA GPU without one to ask.
@@ -719,6 +719,8 @@ def test_programmatic_dependent_launch_only_where_the_gpu_has_it():
     launch = GaeLaunch(tensors, graphs=False)
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
     assert launch.pdl == launch.constexprs[pdl_at] == (hopper and triton_gae.gdc_wait is not None)
+    monkeypatch.setattr(triton_gae, "_PDL", False)  # RL_TRITON_PDL=0
+    assert GaeLaunch(tensors, graphs=False).pdl is False
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
