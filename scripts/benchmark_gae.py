@@ -2,6 +2,8 @@
 
     python scripts/benchmark_gae.py                      # every shape, both layouts
     python scripts/benchmark_gae.py --shapes 1x2048 16x1048576 --no-compile
+    python scripts/benchmark_gae.py --after-kernel --shapes 4x131072 --layouts time   # after a torch kernel
+    python scripts/benchmark_gae.py --sweep --shapes 4x131072 --layouts time --configs default default+e
 
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
@@ -253,6 +255,9 @@ def main() -> None:
                              "+x / +a (with atomics in inline PTX / Triton's atomics), +b / +d "
                              "(bootstrap values read only where they count / at every step) and +l / +e "
                              "(a programmatic dependent launch or not)")
+    parser.add_argument("--after-kernel", action="store_true",
+                        help="instead: device time of the call queued right after a torch kernel that writes "
+                             "its values (as a training loop's value pass does), the pair's time minus that kernel's")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
     parser.add_argument("--gamma-lam", type=float,
@@ -264,6 +269,8 @@ def main() -> None:
         sys.exit("benchmark_gae.py needs a CUDA GPU")
     if args.sweep:
         return sweep_tiles(args)
+    if args.after_kernel:
+        return after_kernel(args)
 
     device_name = torch.cuda.get_device_name()
     print(f"# {device_name}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -301,6 +308,45 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"device": device_name, "copy_bw": copy_bw, "empty_us": empty_us,
                                          "empty_us_end": empty_after, "rows": rows}, indent=1))
+
+
+def after_kernel(args, rounds: int = 3) -> None:
+    """Device us of the full call right after a torch kernel that writes its values, back to back:
+    the pair's time minus that kernel's alone, beside the call alone and a copy of its bytes. Where the
+    launch is a programmatic dependent one (kernels/README.md, section 5) it overlaps that kernel's tail."""
+    print(f"# {torch.cuda.get_device_name()}: device us, {rounds} rounds; after = pair - kernel")
+    print(f"{'N x T':>12} {'layout':>6} {'copy':>7} {'call':>7} {'kernel':>7} {'pair':>7} {'after':>7}  max err")
+    for spec in args.shapes:
+        num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
+        nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
+        calls = max(5, min(100, int(2e8 // nbytes)))
+        for layout in args.layouts:
+            x = make_inputs(num_envs, num_steps, layout == "time")
+            expected = reference_advantages(x, GAMMA, LAM)
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+
+            def call(x=x):
+                compute_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], gamma=GAMMA, lam=LAM,
+                            bootstrap_values=x["bootstrap_values"], advantages=x["advantages"], returns=x["returns"])
+
+            def kernel(x=x):
+                x["values"].mul_(1.0)  # rewrites the values the call reads next
+
+            def pair():
+                kernel()
+                call()
+
+            x["advantages"].fill_(float("nan"))
+            pair()
+            error = relative_error(x, expected)
+            for _ in range(rounds):
+                copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
+                call_us, kernel_us, pair_us = (queued_time_us(fn, calls) for fn in (call, kernel, pair))
+                print(f"{spec:>12} {layout:>6} {copy_us:7.2f} {call_us:7.2f} {kernel_us:7.2f} {pair_us:7.2f} "
+                      f"{pair_us - kernel_us:7.2f}  {error:.1e}", flush=True)
+            del x, src, dst
+            torch.cuda.empty_cache()
 
 
 def sweep_tiles(args) -> None:
