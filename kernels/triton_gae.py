@@ -772,7 +772,7 @@ class GaeLaunch:
         # `_capture`). That needs every word a walk can read rewritten by every call, which tests that
         # withhold start advantages (`inclusive_every > 1`) break: those launch eagerly.
         if graphs is None:
-            graphs = _CUDA_GRAPHS and replays_graphs(self.chunked, self.pdl)
+            graphs = _CUDA_GRAPHS
         graphs = graphs and self.device.type == "cuda" and _knobs is not None
         self.graphs = {} if graphs and (not self.chunked or inclusive_every == 1) else None
         self.last_call = None  # the key of the previous call: a repeated one is captured
@@ -1033,29 +1033,14 @@ def uses_pdl(device: torch.device, nvidia: bool) -> bool:
     """Whether a launch on `device` is a programmatic dependent launch (the `PDL` constexpr and
     Triton's `launch_pdl`): CUDA launches the grid while the kernel before it on the stream is still
     finishing, and the kernel waits for that one (`gdc_wait`) before its first memory access. What
-    it saves is the time between two kernels, which on one-wave grids is a large part of a call
-    (docs/benchmarks.md, session 38). NVIDIA GPUs of compute capability 9.0 and later
-    (`griddepcontrol` is sm_90 PTX), with a Triton that has it, unless `RL_TRITON_PDL=0` (say, for a
-    driver that cannot capture such a launch into a CUDA graph of the caller's). `nvidia`: compiled for
-    an NVIDIA GPU."""
+    it saves is the time between two kernels, about 1 us on the H200, on launches but not on graph
+    replays (kernels/README.md, section 5; docs/benchmarks.md, session 38). NVIDIA GPUs of compute
+    capability 9.0 and later (`griddepcontrol` is sm_90 PTX), with a Triton that has it, unless
+    `RL_TRITON_PDL=0` (say, for a driver that cannot capture such a launch into a CUDA graph of the
+    caller's). `nvidia`: compiled for an NVIDIA GPU."""
     if not nvidia or gdc_wait is None or device.type != "cuda" or not _PDL:
         return False
     return torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def replays_graphs(chunked: bool, pdl: bool) -> bool:
-    """Whether a launch replays CUDA graphs of its repeated calls by default (`GaeLaunch._capture`).
-
-    A graph saves the host most of a launch's cost (2.3 us against about 7 on the H200 host), and a
-    programmatic dependent launch (`uses_pdl`) saves the GPU the gap between the previous kernel and
-    this one; a graph's kernel does not get that overlap (session 38, H200, back to back: graph
-    replays of the PDL kernel ran at the device time of plain launches). So with PDL, chunked launches
-    (long rows, whose device time exceeds the host's cost) launch: 4x131072 time-major 6.7 us against
-    7.9 replayed, 16x65536 8.6 against 9.7-9.9, 1x1048576 6.9-7.0 against 8.2, 16x1M 105.3 against
-    106.8. Launches of whole rows (a training loop's rollouts of up to a few thousand steps) keep their
-    graphs: their calls cost the host 1.0-1.1x an empty launch replayed and 1.3-1.4x launched, and the
-    issue's production targets are about that cost."""
-    return not (chunked and pdl)
 
 
 # Look-back window (later chunks a round reads) by tile height, from the window sweeps in

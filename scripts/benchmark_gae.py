@@ -9,9 +9,9 @@ Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.
   call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
   device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
             runs them without waiting for the host, as training calls it: repeated calls replay CUDA
-            graphs of their launch where compute_gae does (not chunked launches on sm_90+, which are
-            programmatic dependent launches instead; kernels/README.md, section 5); there, the median
-            of three rounds that alternate with the eager launch's (eager dev)
+            graphs of their launch (kernels/README.md, section 5); there, the median of three rounds
+            that alternate with the eager launch's (eager dev, which on sm_90+ is a programmatic
+            dependent launch: it overlaps the previous call's tail, which a replay does not)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
             4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
             copy bandwidth we reach on the same bytes. Env-major tiles of up to 1024 steps read

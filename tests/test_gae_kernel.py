@@ -552,21 +552,11 @@ def refill(rollout, outputs, seed):
 needs_cuda_graphs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs")
 
 
-@pytest.fixture
-def chunked_graphs(monkeypatch):
-    """Chunked launches replay graphs, as they do by default where a programmatic dependent launch is
-    not available (`replays_graphs`), and every signature is planned afresh."""
-    from kernels import gae
-
-    monkeypatch.setattr(triton_gae, "replays_graphs", lambda chunked, pdl: True)
-    monkeypatch.setattr(gae, "_runs", {})
-
-
 @needs_cuda_graphs
 @pytest.mark.parametrize("num_envs,num_steps,time_major,chunked", [
     (1, 2048, False, False), (64, 256, True, False), (7, 127, False, False),
     (3, 5000, False, True), (16, 3000, True, True), (5, 70_000, True, True)])
-def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major, chunked, chunked_graphs):
+def test_repeated_calls_replay_a_cuda_graph_of_the_launch(num_envs, num_steps, time_major, chunked):
     # The launch is kept per signature across tests, and freed tensors' addresses come back: count
     # this test's graphs by their keys, and its replays from its first call on.
     rollout = random_rollout(num_envs, num_steps, density=0.05, time_major=time_major, device="cuda", seed=60)
@@ -606,7 +596,7 @@ def graph_key(rollout, outputs, gamma=0.99, lam=0.95):
 
 @needs_cuda_graphs
 @pytest.mark.parametrize("time_major", [False, True])
-def test_replayed_chunked_calls_walk_unbroken_chains(time_major, chunked_graphs):
+def test_replayed_chunked_calls_walk_unbroken_chains(time_major):
     # No episode ends and gamma * lambda = 0.995 (3e-7 after 3000 steps, far from float32's 0):
     # nothing cuts a chain or fades it to 0, so every chunk's walk runs until a later chunk's start
     # advantage is ready. (At 0.999 float32 rounding alone exceeds TOL, eager or replayed.)
@@ -698,13 +688,9 @@ def test_which_launches_replay_graphs(monkeypatch):
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
     assert GaeLaunch(unchunked).graphs is None and GaeLaunch(chunked).graphs is None
     monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", True)
-    # Only CUDA launches replay graphs; the interpreter launches every call. Chunked launches do not
-    # where they are programmatic dependent launches, which a graph's replay would not overlap.
+    # Only CUDA launches replay graphs; the interpreter launches every call.
     assert (GaeLaunch(unchunked).graphs is not None) == (DEVICE == "cuda")
-    assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda" and not GaeLaunch(chunked).pdl)
-    assert (GaeLaunch(chunked, graphs=True).graphs is not None) == (DEVICE == "cuda")
-    assert triton_gae.replays_graphs(chunked=False, pdl=True) and triton_gae.replays_graphs(chunked=True, pdl=False)
-    assert not triton_gae.replays_graphs(chunked=True, pdl=True)
+    assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda")
 
 
 def test_programmatic_dependent_launch_only_where_the_gpu_has_it(monkeypatch):
@@ -725,9 +711,15 @@ def test_programmatic_dependent_launch_only_where_the_gpu_has_it(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("num_envs,num_steps,time_major", [(4, 131072, True), (64, 256, True), (3, 5000, False)])
-def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_wrote(num_envs, num_steps, time_major):
+def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_wrote(num_envs, num_steps, time_major,
+                                                                                     monkeypatch):
     # A programmatic dependent launch (sm_90 and later) may start while the kernel before it is still
-    # finishing; the kernel must wait for that kernel's writes before its first load or store.
+    # finishing; the kernel must wait for that kernel's writes before its first load or store. Graphs
+    # off and every signature planned afresh: each call is such a launch (a replay is not).
+    from kernels import gae
+
+    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)
+    monkeypatch.setattr(gae, "_runs", {})
     rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=time_major, device="cuda", seed=70)
     outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
     assert_matches_oracle(rollout, outputs=outputs)
@@ -744,6 +736,9 @@ def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_
         expected_adv, expected_ret = oracle(rollout, 0.99, 0.95)
         torch.testing.assert_close(outputs[0].cpu().double(), expected_adv, **TOL)
         torch.testing.assert_close(outputs[1].cpu().double(), expected_ret, **TOL)
+    launch = run_of(rollout, outputs)
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and triton_gae.gdc_wait is not None
+    assert launch.graphs is None and launch.pdl == hopper
 
 
 def test_look_back_state_is_reused_across_calls_and_shapes():
