@@ -630,7 +630,7 @@ def test_replays_run_on_the_current_stream():
 
 
 @needs_cuda_graphs
-def test_chunked_replays_on_two_streams_keep_their_own_look_back_state(chunked_graphs):
+def test_chunked_replays_on_two_streams_keep_their_own_look_back_state():
     # Each stream's calls repeat, so each stream replays graphs of its own; queued behind sleeps,
     # the two streams' replays overlap on the GPU, and a shared look-back buffer would mix them.
     rollout = random_rollout(4, 6000, density=0.01, time_major=True, device="cuda", seed=64)
