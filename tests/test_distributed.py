@@ -49,6 +49,9 @@ def worker(rank: int, init_file: str, out_dir: str) -> None:
     rms = RunningMeanStd((OBS,), torch.device("cpu"))
     rms.update(filled_buffer(20 + rank).observations.reshape(-1, OBS))
     torch.save({"agent": agent.state_dict(), "rms": rms.state_dict()}, f"{out_dir}/rank{rank}.pt")
+    # Both ranks done before either tears its connections down, as ppo/distributed.py does: once (a
+    # clean-clone CI run, session 38) rank 1 aborted here ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
