@@ -26,7 +26,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_gae as bench  # noqa: E402
 
-from kernels import compute_gae, triton_gae  # noqa: E402  (on sys.path through benchmark_gae)
+from kernels import triton_gae  # noqa: E402  (on sys.path through benchmark_gae)
 
 BLOCK = 4096  # elements a program copies: 16 KB each way
 
@@ -47,7 +47,6 @@ def measure(spec: str, rounds: int) -> None:
     calls = max(5, min(100, int(2e8 // nbytes)))
     src = torch.randint(-(2**31), 2**31 - 1, (nbytes // 8,), dtype=torch.int32, device="cuda")  # half each way
     dst = torch.empty_like(src)
-    src_bytes, dst_bytes = src.view(torch.uint8), dst.view(torch.uint8)
     grid = (triton.cdiv(src.numel(), BLOCK),)
 
     def copy(pdl: bool) -> None:
@@ -59,17 +58,11 @@ def measure(spec: str, rounds: int) -> None:
         if not torch.equal(src, dst):
             sys.exit(f"{spec}: the Triton copy (pdl={pdl}) is wrong")
     x = bench.make_inputs(num_envs, num_steps, True)
-
-    def gae() -> None:
-        compute_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], gamma=bench.GAMMA,
-                    lam=bench.LAM, bootstrap_values=x["bootstrap_values"], advantages=x["advantages"],
-                    returns=x["returns"])
-
     for _ in range(rounds):
-        torch_us = bench.queued_time_us(lambda: dst_bytes.copy_(src_bytes), calls)
+        torch_us = bench.copy_time_us(nbytes, calls)
         plain_us = bench.queued_time_us(lambda: copy(False), calls)
         pdl_us = bench.queued_time_us(lambda: copy(True), calls)
-        gae_us = bench.queued_time_us(gae, calls)
+        gae_us = bench.queued_time_us(lambda: bench.run_gae(x), calls)
         print(f"{spec:>12} {torch_us:10.2f} {plain_us:7.2f} {pdl_us:8.2f} {gae_us:7.2f} "
               f"{100 * torch_us / gae_us:5.0f}% {100 * pdl_us / gae_us:5.0f}%", flush=True)
 

@@ -31,6 +31,7 @@ Times are medians. Small shapes are launch-bound; compare them only inside one r
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -99,6 +100,19 @@ def empty_launch() -> None:
 
 
 _EMPTY_ARGUMENT: list[torch.Tensor] = []  # set in main (needs CUDA)
+
+
+def copy_time_us(nbytes: int, calls: int) -> float:
+    """A device-to-device copy moving `nbytes` (read plus write): the floor every %copy is measured against."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return queued_time_us(lambda: dst.copy_(src), calls)
+
+
+def run_gae(x: dict[str, torch.Tensor]) -> None:
+    """The full `compute_gae` call on `make_inputs`' tensors, writing x's outputs in place."""
+    compute_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], gamma=GAMMA, lam=LAM,
+                bootstrap_values=x["bootstrap_values"], advantages=x["advantages"], returns=x["returns"])
 
 
 def queued_time_us(fn, calls: int, repeats: int = 15) -> float:
@@ -323,17 +337,12 @@ def after_kernel(args, rounds: int = 3) -> None:
         for layout in args.layouts:
             x = make_inputs(num_envs, num_steps, layout == "time")
             expected = reference_advantages(x, GAMMA, LAM)
-            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-
-            def call(x=x):
-                compute_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], gamma=GAMMA, lam=LAM,
-                            bootstrap_values=x["bootstrap_values"], advantages=x["advantages"], returns=x["returns"])
+            call = functools.partial(run_gae, x)
 
             def kernel(x=x):
                 x["values"].mul_(1.0)  # rewrites the values the call reads next
 
-            def pair():
+            def pair(call=call, kernel=kernel):
                 kernel()
                 call()
 
@@ -341,18 +350,20 @@ def after_kernel(args, rounds: int = 3) -> None:
             pair()
             error = relative_error(x, expected)
             for _ in range(rounds):
-                copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
+                copy_us = copy_time_us(nbytes, calls)
                 call_us, kernel_us, pair_us = (queued_time_us(fn, calls) for fn in (call, kernel, pair))
                 print(f"{spec:>12} {layout:>6} {copy_us:7.2f} {call_us:7.2f} {kernel_us:7.2f} {pair_us:7.2f} "
                       f"{pair_us - kernel_us:7.2f}  {error:.1e}", flush=True)
-            del x, src, dst
+            del x, call
             torch.cuda.empty_cache()
 
 
 def sweep_tiles(args) -> None:
     """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
     A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 (relative to the
-    largest advantage, where that exceeds 1) is marked '!'."""
+    largest advantage, where that exceeds 1) is marked '!'. Every cell launches the kernel: on sm_90+ a
+    programmatic dependent launch since session 38, about 1 us faster than the plain launches of the
+    sweeps before it (`+e` launches plainly, for comparing with those)."""
     configs = [parse_tile(label) for label in args.configs]
     labels = args.configs
     gamma, lam = (GAMMA, LAM) if args.gamma_lam is None else (args.gamma_lam, args.gamma_lam)
@@ -366,9 +377,7 @@ def sweep_tiles(args) -> None:
         calls = max(5, min(100, int(2e8 // nbytes)))
         for layout in args.layouts:
             x = make_inputs(num_envs, num_steps, layout == "time", done_rate)
-            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-            copy_us = queued_time_us(lambda src=src, dst=dst: dst.copy_(src), calls)
+            copy_us = copy_time_us(nbytes, calls)
             expected = reference_advantages(x, gamma, lam)
             cells = []
             for options in configs:
@@ -381,7 +390,7 @@ def sweep_tiles(args) -> None:
                 wrong = not relative_error(x, expected) < 1e-3  # NaN counts as wrong
                 cells.append(f"{queued_time_us(run, calls):8.2f}{'!' if wrong else ' '}")
             print(f"{spec:>12} {layout:>6} {copy_us:7.2f} " + " ".join(cells), flush=True)
-            del x, src, dst
+            del x
             torch.cuda.empty_cache()
 
 
@@ -452,9 +461,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     x = make_inputs(num_envs, num_steps, layout == "time")
     gae_args = {k: x[k] for k in ("rewards", "values", "terminateds", "truncateds")}
 
-    def ours():
-        compute_gae(**gae_args, gamma=GAMMA, lam=LAM, bootstrap_values=x["bootstrap_values"],
-                    advantages=x["advantages"], returns=x["returns"])
+    ours = functools.partial(run_gae, x)
 
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
@@ -468,9 +475,7 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
         ours()
     error = reference_check(x) if small_rows else float("nan")
 
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_us = queued_time_us(lambda: dst.copy_(src), calls)
+    copy_us = copy_time_us(nbytes, calls)
 
     loop_us = float("nan")
     if num_steps <= args.loop_max_steps:

@@ -6,7 +6,9 @@ look-back, tuned by NVIDIA. This times it beside a device-to-device copy of the 
 plus write, as `benchmark_gae.py` counts them), and our GAE kernel beside it at the issue's long-row
 shapes, so the fraction of copy bandwidth a single chain reaches on this GPU is measured in the same run.
 Episode ends cut GAE's chains, and so does gamma * lambda < 1 (at 0.99 * 0.95 the composed maps reach 0 in
-float32 after 1,800-2,000 steps); `--unbroken` also times gamma = lambda = 1 with no episode ends:
+float32 after 1,800-2,000 steps); `--unbroken` also times gamma = lambda = 1 with no episode ends.
+The GAE rows launch the kernel, which on sm_90+ is a programmatic dependent launch (about 1 us
+saved per call on the H200, which the copy and cumsum do not get; kernels/README.md, section 5).
 
     python scripts/benchmark_scan_floor.py --elements 4194304 16777216 46137344
 """
@@ -23,13 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark_gae as bench  # noqa: E402
 
 
-def copy_time_us(nbytes: int, calls: int) -> float:
-    """A device-to-device copy moving `nbytes` (read plus write), as `benchmark_gae.py` times it."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return bench.queued_time_us(lambda: dst.copy_(src), calls)
-
-
 def row(label: str, nbytes: int, copy_us: float, op_us: float) -> None:
     print(f"{label:>44} {nbytes / 1e6:8.1f} {copy_us:9.2f} {op_us:9.2f} {100 * copy_us / op_us:5.0f}%", flush=True)
 
@@ -42,7 +37,7 @@ def time_cumsum(n: int, calls: int) -> None:
     error = float((out.double() - expected).abs().max() / expected.abs().max().clamp_min(1.0))
     if not error < 1e-3:
         sys.exit(f"cumsum of {n} elements is wrong (relative error {error:.1e})")
-    copy_us = copy_time_us(8 * n, calls)
+    copy_us = bench.copy_time_us(8 * n, calls)
     row(f"torch.cumsum float32 (CUB), {n}", 8 * n, copy_us,
         bench.queued_time_us(lambda: torch.cumsum(x, 0, out=out), calls))
 
@@ -57,7 +52,7 @@ def time_gae(spec: str, layout: str, done_rate: float, calls: int, gamma_lam: fl
     if not error < 1e-4:
         sys.exit(f"GAE {spec} {layout} at done rate {done_rate} is wrong (relative error {error:.1e})")
     nbytes = bench.BYTES_PER_ELEMENT * num_envs * num_steps
-    copy_us = copy_time_us(nbytes, calls)
+    copy_us = bench.copy_time_us(nbytes, calls)
     label = f"GAE {spec} {layout}, done rate {done_rate:g}" + ("" if gamma_lam is None else f", γ=λ={gamma_lam:g}")
     row(label, nbytes, copy_us, bench.queued_time_us(lambda: bench.launch_tile(x, {}, gamma, lam), calls))
 
