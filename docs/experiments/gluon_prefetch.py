@@ -30,7 +30,6 @@ import os
 import sys
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -175,21 +174,15 @@ class PrefetchGae:
         self.epoch = 0
 
     def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):
-        T = rewards.shape[1]
-        if rewards.shape[0] != BLOCK_N or T % BLOCK_T or rewards.stride() != (1, BLOCK_N):
-            raise ValueError(f"wants a time-major 16 x (multiple of {BLOCK_T}) view, got {tuple(rewards.shape)}")
+        T, gamma_lam, chunk_beta = tmak.call_scalars(rewards, gamma, lam)
         self.epoch += 1
-        gamma_lam = gamma * lam
-        chunk_beta = torch.tensor(gamma_lam, dtype=torch.float32)
-        for _ in range(BLOCK_T.bit_length() - 1):  # squared in float32, as the Triton kernel does
-            chunk_beta = chunk_beta * chunk_beta
-        d = tmak.TmaGae._desc
+        d = tmak.tile_descriptor
         # every fourth step's values from the fifth on: row k is V at step 4k + 4, the step after quad k
         following = TensorDescriptor.from_tensor(values.T[4::4], [BLOCK_T // 4, BLOCK_N], tmak._layout(32))
         _prefetch_gae_kernel[(self.programs,)](
             d(rewards), d(values), following, d(terminateds), d(truncateds), d(bootstrap),
             advantages, returns, self.state, self.counter, T, self.num_chunks, self.ticket_base, gamma, gamma_lam,
-            float(chunk_beta), self.epoch, WINDOW=self.window, WARPS=self.warps, WALK=self.walk,
+            chunk_beta, self.epoch, WINDOW=self.window, WARPS=self.warps, WALK=self.walk,
             TICKETS=self.tickets, num_warps=self.warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
         if self.tickets:  # every program takes tickets until one is past the end
             self.ticket_base += self.num_chunks + self.programs
@@ -209,39 +202,21 @@ def prefetch_kernels(T, walking_only=False):
 
 def compile_only():
     """Compile for sm_90 with this machine's Triton (no GPU needed); print registers and shared memory."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    k = _prefetch_gae_kernel
-
-    def desc(ty, bits, rows=BLOCK_T):
-        return f"tensordesc<{ty}[{rows}, {BLOCK_N}],{tmak._layout(bits)!r}>"
-
+    desc = tmak.descriptor_type
     types = dict(r_desc=desc("fp32", 32), v_desc=desc("fp32", 32), n_desc=desc("fp32", 32, BLOCK_T // 4),
                  d_desc=desc("u8", 8), u_desc=desc("u8", 8), b_desc=desc("fp32", 32),
                  adv_ptr="*fp32", ret_ptr="*fp32", state_ptr="*i64", counter_ptr="*i64", T="i32",
                  num_chunks="i32", ticket_base="i64", gamma="fp32", gamma_lam="fp32", chunk_beta="fp32",
                  epoch="i32", WINDOW="constexpr", WARPS="constexpr", WALK="constexpr", TICKETS="constexpr")
-    attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]]
-             for p in ("adv_ptr", "ret_ptr", "state_ptr", "counter_ptr")}
     for warps, per_sm, walk, window, regs, tickets in CONFIGS:
-        consts = {(k.arg_names.index(p),): v
-                  for p, v in dict(WINDOW=window, WARPS=warps, WALK=walk, TICKETS=tickets).items()}
-        c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=warps, maxnreg=regs or None))
-        print(f"{warps}w {per_sm}/SM walk {walk} @{window} #{regs} tickets {tickets}:", parked.resource_usage(c),
-              f"shared memory {c.metadata.shared} bytes", flush=True)
+        consts = dict(WINDOW=window, WARPS=warps, WALK=walk, TICKETS=tickets)
+        usage = tmak.compile_sm90(_prefetch_gae_kernel, types, ("adv_ptr", "ret_ptr", "state_ptr", "counter_ptr"),
+                                  consts, warps, regs or None)
+        print(f"{warps}w {per_sm}/SM walk {walk} @{window} #{regs} tickets {tickets}:", usage, flush=True)
 
 
 if __name__ == "__main__":
     if "--compile" in sys.argv:
         compile_only()
         sys.exit()
-    print(torch.cuda.get_device_name(), flush=True)
-    walking = functools.partial(prefetch_kernels, walking_only=True)  # walk 0 gives wrong answers
-    parked.check(65536, 0.05, parked.bench.GAMMA, parked.bench.LAM, walking)
-    parked.check(65536, 0.0, 1.0, 1.0, walking)
-    parked.check(1 << 20, 0.001, parked.bench.GAMMA, parked.bench.LAM, walking)
-    parked.timing(1 << 20, kernels=prefetch_kernels)
-    parked.timing(1 << 21, kernels=prefetch_kernels)
-    parked.timing(65536, kernels=prefetch_kernels)
+    tmak.check_and_time(prefetch_kernels, timed=(1 << 20, 1 << 21, 65536))

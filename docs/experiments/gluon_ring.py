@@ -30,7 +30,6 @@ import os
 import sys
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -220,18 +219,12 @@ class RingGae:
         self.epoch = 0
 
     def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):
-        T = rewards.shape[1]
-        if rewards.shape[0] != BLOCK_N or T % BLOCK_T or rewards.stride() != (1, BLOCK_N):
-            raise ValueError(f"wants a time-major 16 x (multiple of {BLOCK_T}) view, got {tuple(rewards.shape)}")
+        T, gamma_lam, chunk_beta = tmak.call_scalars(rewards, gamma, lam)
         self.epoch += 1
-        gamma_lam = gamma * lam
-        chunk_beta = torch.tensor(gamma_lam, dtype=torch.float32)
-        for _ in range(BLOCK_T.bit_length() - 1):  # squared in float32, as the Triton kernel does
-            chunk_beta = chunk_beta * chunk_beta
-        d = tmak.TmaGae._desc
+        d = tmak.tile_descriptor
         _ring_gae_kernel[(self.programs,)](
             d(rewards), d(values), d(terminateds), d(truncateds), d(bootstrap), bootstrap,
-            advantages, returns, self.state, T, self.num_chunks, gamma, gamma_lam, float(chunk_beta), self.epoch,
+            advantages, returns, self.state, T, self.num_chunks, gamma, gamma_lam, chunk_beta, self.epoch,
             WINDOW=2 * self.warps, WARPS=self.warps, STAGES=self.stages, WALK=self.walk, SPARSE=self.sparse,
             num_warps=self.warps,
             **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
@@ -252,38 +245,21 @@ def ring_kernels(T, walking_only=False):
 
 def compile_only():
     """Compile for sm_90 with this machine's Triton (no GPU needed); print registers and shared memory."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    k = _ring_gae_kernel
-
-    def desc(ty, bits):
-        return f"tensordesc<{ty}[{BLOCK_T}, {BLOCK_N}],{tmak._layout(bits)!r}>"
-
+    desc = tmak.descriptor_type
     types = dict(r_desc=desc("fp32", 32), v_desc=desc("fp32", 32),
                  d_desc=desc("u8", 8), u_desc=desc("u8", 8), b_desc=desc("fp32", 32),
                  b_ptr="*fp32", adv_ptr="*fp32", ret_ptr="*fp32", state_ptr="*i64", T="i32", num_chunks="i32",
                  gamma="fp32", gamma_lam="fp32", chunk_beta="fp32", epoch="i32",
                  WINDOW="constexpr", WARPS="constexpr", STAGES="constexpr", WALK="constexpr", SPARSE="constexpr")
-    attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("b_ptr", "adv_ptr", "ret_ptr", "state_ptr")}
     for warps, stages, per_sm, walk, sparse, regs in CONFIGS:
-        consts = {(k.arg_names.index(p),): v for p, v in dict(
-            WINDOW=2 * warps, WARPS=warps, STAGES=stages, WALK=walk, SPARSE=sparse).items()}
-        c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=warps, maxnreg=regs or None))
-        print(f"{warps}w {stages} stages {per_sm}/SM walk {walk} sparse {sparse} #{regs}:", parked.resource_usage(c),
-              f"shared memory {c.metadata.shared} bytes", flush=True)
+        consts = dict(WINDOW=2 * warps, WARPS=warps, STAGES=stages, WALK=walk, SPARSE=sparse)
+        usage = tmak.compile_sm90(_ring_gae_kernel, types, ("b_ptr", "adv_ptr", "ret_ptr", "state_ptr"), consts,
+                                  warps, regs or None)
+        print(f"{warps}w {stages} stages {per_sm}/SM walk {walk} sparse {sparse} #{regs}:", usage, flush=True)
 
 
 if __name__ == "__main__":
     if "--compile" in sys.argv:
         compile_only()
         sys.exit()
-    print(torch.cuda.get_device_name(), flush=True)
-    walking = functools.partial(ring_kernels, walking_only=True)  # walk 0 gives wrong answers
-    parked.check(65536, 0.05, parked.bench.GAMMA, parked.bench.LAM, walking)
-    parked.check(65536, 0.0, 1.0, 1.0, walking)
-    parked.check(1 << 20, 0.001, parked.bench.GAMMA, parked.bench.LAM, walking)
-    parked.timing(1 << 20, kernels=ring_kernels)
-    parked.timing(1 << 21, kernels=ring_kernels)
-    parked.timing(65536, kernels=ring_kernels)
+    tmak.check_and_time(ring_kernels, timed=(1 << 20, 1 << 21, 65536))

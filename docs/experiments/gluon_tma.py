@@ -189,6 +189,57 @@ def _layout(bits: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
 
 
+def tile_descriptor(x: torch.Tensor) -> TensorDescriptor:
+    """A TMA descriptor of [BLOCK_T, 16] tiles over the [T, 16] buffer behind a time-major view."""
+    buf = x.T  # [T, 16], contiguous
+    if buf.dtype == torch.bool:
+        buf = buf.view(torch.uint8)
+    return TensorDescriptor.from_tensor(buf, [BLOCK_T, BLOCK_N], _layout(8 * buf.element_size()))
+
+
+def descriptor_type(ty: str, bits: int, rows: int = BLOCK_T) -> str:
+    """The signature type of a `tile_descriptor`-like argument, for `compile_sm90`."""
+    return f"tensordesc<{ty}[{rows}, {BLOCK_N}],{_layout(bits)!r}>"
+
+
+def call_scalars(rewards: torch.Tensor, gamma: float, lam: float) -> tuple[int, float, float]:
+    """Checks the one shape these experiments take; returns T, gamma * lam and its power over a chunk,
+    squared in float32 as the Triton kernel does."""
+    T = rewards.shape[1]
+    if rewards.shape[0] != BLOCK_N or T % BLOCK_T or rewards.stride() != (1, BLOCK_N):
+        raise ValueError(f"wants a time-major 16 x (multiple of {BLOCK_T}) view, got {tuple(rewards.shape)}")
+    gamma_lam = gamma * lam
+    chunk_beta = torch.tensor(gamma_lam, dtype=torch.float32)
+    for _ in range(BLOCK_T.bit_length() - 1):
+        chunk_beta = chunk_beta * chunk_beta
+    return T, gamma_lam, float(chunk_beta)
+
+
+def compile_sm90(kernel, types: dict, pointers: tuple, constants: dict, warps: int, maxnreg: int | None) -> str:
+    """Compiles a Gluon kernel for sm_90 with this machine's Triton (no GPU needed), the named pointers
+    taken as 16-byte aligned; returns its registers, stack and shared memory."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    attrs = {(kernel.arg_names.index(p),): [["tt.divisibility", 16]] for p in pointers}
+    consts = {(kernel.arg_names.index(p),): v for p, v in constants.items()}
+    c = triton.compile(GluonASTSource(kernel, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, maxnreg=maxnreg))
+    return f"{parked.resource_usage(c)} shared memory {c.metadata.shared} bytes"
+
+
+def check_and_time(kernels, timed=(1 << 20, 65536)) -> None:
+    """On a CUDA GPU: `kernels(T)` (name: fn(x, gamma, lam)) checked against the float64 loop (those
+    that walk; `walking_only`), then timed beside the copy and the Triton kernel."""
+    print(torch.cuda.get_device_name(), flush=True)
+    walking = functools.partial(kernels, walking_only=True)  # walk 0 gives wrong answers
+    parked.check(65536, 0.05, bench.GAMMA, bench.LAM, walking)
+    parked.check(65536, 0.0, 1.0, 1.0, walking)
+    parked.check(1 << 20, 0.001, bench.GAMMA, bench.LAM, walking)
+    for T in timed:
+        parked.timing(T, kernels=kernels)
+
+
 class TmaGae:
     """Host side: descriptors for the [T, 16] buffers behind time-major [16, T] views, a look-back
     state, an epoch per call."""
@@ -199,26 +250,13 @@ class TmaGae:
         self.state = torch.zeros(self.num_chunks * BLOCK_N, dtype=torch.int64, device=device)
         self.epoch = 0
 
-    @staticmethod
-    def _desc(x: torch.Tensor) -> TensorDescriptor:
-        buf = x.T  # [T, 16], contiguous
-        if buf.dtype == torch.bool:
-            buf = buf.view(torch.uint8)
-        return TensorDescriptor.from_tensor(buf, [BLOCK_T, BLOCK_N], _layout(8 * buf.element_size()))
-
     def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):
-        T = rewards.shape[1]
-        if rewards.shape[0] != BLOCK_N or T % BLOCK_T or rewards.stride() != (1, BLOCK_N):
-            raise ValueError(f"wants a time-major 16 x (multiple of {BLOCK_T}) view, got {tuple(rewards.shape)}")
+        T, gamma_lam, chunk_beta = call_scalars(rewards, gamma, lam)
         self.epoch += 1
-        gamma_lam = gamma * lam
-        chunk_beta = torch.tensor(gamma_lam, dtype=torch.float32)
-        for _ in range(BLOCK_T.bit_length() - 1):  # squared in float32, as the Triton kernel does
-            chunk_beta = chunk_beta * chunk_beta
-        d = self._desc
+        d = tile_descriptor
         _tma_gae_kernel[(self.num_chunks,)](
             d(rewards), d(values), d(terminateds), d(truncateds), d(bootstrap),
-            advantages, returns, self.state, T, self.num_chunks, gamma, gamma_lam, float(chunk_beta), self.epoch,
+            advantages, returns, self.state, T, self.num_chunks, gamma, gamma_lam, chunk_beta, self.epoch,
             BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if self.walk == 1 else 2 * self.warps, WARPS=self.warps,
             WALK=self.walk, num_warps=self.warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {}))
 
@@ -239,37 +277,21 @@ def tma_kernels(T, walking_only=False):
 
 def compile_only():
     """Compile for sm_90 with this machine's Triton (no GPU needed); print registers and stack."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    k = _tma_gae_kernel
-
-    def desc(ty, bits):
-        return f"tensordesc<{ty}[{BLOCK_T}, {BLOCK_N}],{_layout(bits)!r}>"
-
+    desc = descriptor_type
     types = dict(r_desc=desc("fp32", 32), v_desc=desc("fp32", 32),
                  d_desc=desc("u8", 8), u_desc=desc("u8", 8), b_desc=desc("fp32", 32),
                  adv_ptr="*fp32", ret_ptr="*fp32", state_ptr="*i64", T="i32", num_chunks="i32",
                  gamma="fp32", gamma_lam="fp32", chunk_beta="fp32", epoch="i32",
                  BLOCK_N="constexpr", BLOCK_T="constexpr", WINDOW="constexpr",
                  WARPS="constexpr", WALK="constexpr")
-    attrs = {(k.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("adv_ptr", "ret_ptr", "state_ptr")}
     for warps, walk, regs in CONFIGS:
-        consts = {(k.arg_names.index(p),): v for p, v in dict(
-            BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if walk == 1 else 2 * warps, WARPS=warps, WALK=walk).items()}
-        c = triton.compile(GluonASTSource(k, types, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                           options=dict(num_warps=warps, maxnreg=regs or None))
-        print(f"{warps}w walk {walk} #{regs}:", parked.resource_usage(c), f"shared memory {c.metadata.shared} bytes")
+        consts = dict(BLOCK_N=BLOCK_N, BLOCK_T=BLOCK_T, WINDOW=8 if walk == 1 else 2 * warps, WARPS=warps, WALK=walk)
+        usage = compile_sm90(_tma_gae_kernel, types, ("adv_ptr", "ret_ptr", "state_ptr"), consts, warps, regs or None)
+        print(f"{warps}w walk {walk} #{regs}:", usage)
 
 
 if __name__ == "__main__":
     if "--compile" in sys.argv:
         compile_only()
         sys.exit()
-    print(torch.cuda.get_device_name(), flush=True)
-    walking = functools.partial(tma_kernels, walking_only=True)  # walk 0 gives wrong answers
-    parked.check(65536, 0.05, bench.GAMMA, bench.LAM, walking)
-    parked.check(65536, 0.0, 1.0, 1.0, walking)
-    parked.check(1 << 20, 0.001, bench.GAMMA, bench.LAM, walking)
-    parked.timing(1 << 20, kernels=tma_kernels)
-    parked.timing(65536, kernels=tma_kernels)
+    check_and_time(tma_kernels)
