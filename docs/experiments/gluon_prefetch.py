@@ -39,9 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gluon_parked as parked  # noqa: E402  (the map algebra, the checks and timers)
 import gluon_tma as tmak  # noqa: E402  (the walk, the shared-memory layout)
 
-BLOCK_N, BLOCK_T = tmak.BLOCK_N, tmak.BLOCK_T
-_BN, _BT = gl.constexpr(BLOCK_N), gl.constexpr(BLOCK_T)
-_bits, _tag, _map_tag, _START = parked._bits, parked._tag, parked._map_tag, parked._START
+BLOCK_N, BLOCK_T, _BN, _BT = tmak.BLOCK_N, tmak.BLOCK_T, tmak._BN, tmak._BT
+_bits, _tag, _map_tag, _START = tmak._bits, tmak._tag, tmak._map_tag, tmak._START
 
 
 @gluon.jit
@@ -167,10 +166,7 @@ class PrefetchGae:
         self.warps, self.walk, self.window, self.maxnreg, self.tickets = warps, walk, window, maxnreg, tickets
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.ticket_base = 0
-        self.num_chunks = num_steps // BLOCK_T
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.programs = min(self.num_chunks, sms * per_sm)
-        self.state = torch.zeros(self.num_chunks * BLOCK_N, dtype=torch.int64, device=device)
+        self.num_chunks, self.programs, self.state = tmak.persistent_grid(num_steps, device, per_sm)
         self.epoch = 0
 
     def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):

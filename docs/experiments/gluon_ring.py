@@ -29,7 +29,6 @@ import functools
 import os
 import sys
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
@@ -38,9 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gluon_parked as parked  # noqa: E402  (the map algebra, the checks and timers)
 import gluon_tma as tmak  # noqa: E402  (the tile's terms, the walk, descriptors)
 
-BLOCK_N, BLOCK_T = tmak.BLOCK_N, tmak.BLOCK_T
-_BN, _BT = gl.constexpr(BLOCK_N), gl.constexpr(BLOCK_T)  # the same, for the kernels
-_bits, _tag, _map_tag, _START = parked._bits, parked._tag, parked._map_tag, parked._START
+BLOCK_N, BLOCK_T, _BN, _BT = tmak.BLOCK_N, tmak.BLOCK_T, tmak._BN, tmak._BT
+_bits, _tag, _map_tag, _START = tmak._bits, tmak._tag, tmak._map_tag, tmak._START
 
 
 @gluon.jit
@@ -212,10 +210,7 @@ class RingGae:
     def __init__(self, num_steps: int, device, warps: int = 4, stages: int = 2, per_sm: int = 2,
                  walk: int = 1, sparse: int = 0, maxnreg: int | None = None):
         self.warps, self.stages, self.walk, self.sparse, self.maxnreg = warps, stages, walk, sparse, maxnreg
-        self.num_chunks = num_steps // BLOCK_T
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.programs = min(self.num_chunks, sms * per_sm)
-        self.state = torch.zeros(self.num_chunks * BLOCK_N, dtype=torch.int64, device=device)
+        self.num_chunks, self.programs, self.state = tmak.persistent_grid(num_steps, device, per_sm)
         self.epoch = 0
 
     def __call__(self, rewards, values, terminateds, truncateds, bootstrap, advantages, returns, gamma, lam):

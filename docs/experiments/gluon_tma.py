@@ -38,6 +38,7 @@ import gluon_parked as parked  # noqa: E402  (the look-back window, the map alge
 
 bench = parked.bench
 BLOCK_N, BLOCK_T = 16, 256
+_BN, _BT = gl.constexpr(BLOCK_N), gl.constexpr(BLOCK_T)  # the same, for kernels that read them as globals
 _walk_word = parked.triton_gae._walk_word
 _bits, _tag, _map_tag, _START = parked._bits, parked._tag, parked._map_tag, parked._START
 
@@ -200,6 +201,16 @@ def tile_descriptor(x: torch.Tensor) -> TensorDescriptor:
 def descriptor_type(ty: str, bits: int, rows: int = BLOCK_T) -> str:
     """The signature type of a `tile_descriptor`-like argument, for `compile_sm90`."""
     return f"tensordesc<{ty}[{rows}, {BLOCK_N}],{_layout(bits)!r}>"
+
+
+def persistent_grid(num_steps: int, device, per_sm: int) -> tuple[int, int, torch.Tensor]:
+    """For the persistent experiments: the chunks of a row, the programs (SMs x `per_sm`, at most one a
+    chunk; with static tickets every one must be resident, which `per_sm` must respect) and a zeroed
+    look-back state of one word per chunk and row."""
+    num_chunks = num_steps // BLOCK_T
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return num_chunks, min(num_chunks, sms * per_sm), torch.zeros(num_chunks * BLOCK_N, dtype=torch.int64,
+                                                                  device=device)
 
 
 def call_scalars(rewards: torch.Tensor, gamma: float, lam: float) -> tuple[int, float, float]:
