@@ -1,17 +1,16 @@
-"""Experiment (session 39): checks, on a CUDA GPU of compute capability 9.0+, the map exchange of
+"""Experiment (sessions 39-40): checks, on a CUDA GPU of compute capability 9.0+, the map exchange of
 `cluster-look-back.patch` alone: a small Triton kernel of 512 or 4096 programs, launched in
 thread-block clusters of RL_GAE_CLUSTER programs, in which each program hands its neighbours one map
 per row through distributed shared memory and composes the maps of up to RL_GAE_CLUSTER_READS later
 programs. Every result is compared with the composition done on the host.
 
     git apply docs/experiments/cluster-look-back.patch
-    RL_GAE_CLUSTER=16 RL_GAE_CLUSTER_PACK=1 python docs/experiments/cluster_exchange_check.py
+    RL_GAE_CLUSTER=16 python docs/experiments/cluster_exchange_check.py
 
-Session 39 on the H200, with four rows a program: exact with RL_GAE_CLUSTER_PACK=1 at 512 programs on
-two warps and 4096 on two and four. With a pack of 4 it is wrong, because those tensors hold fewer
-than four rows per thread and Triton fills the missing operands with undef. The 64-row cases, four asm
-instances per thread as in the GAE kernel, were added after the session's last device time and have
-not run.
+Session 39 ran it on the H200 with the first form of the exchange (one asm op): exact in every case
+(four rows a program on two and four warps; session 40 added the 64-row cases, four asm instances a
+thread, also exact). Session 40 split the op in two (see `_cluster_exchange`), which changed this
+script's launch: the exchange words now lie past the kernel's own shared memory.
 """
 
 import os
@@ -27,20 +26,24 @@ from kernels import triton_gae as g  # noqa: E402  (with the patch applied)
 
 
 @triton.jit
-def _exchange_kernel(out_ptr, BLOCK_N: tl.constexpr):
+def _exchange_kernel(out_ptr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_N)
-    alpha = (pid * 100 + rows).to(tl.float32)
-    beta = tl.full([BLOCK_N], 0.5, tl.float32)
+    steps = tl.arange(0, BLOCK_T)
+    # The maps as the GAE kernel has them: the first-column reductions of a tile whose steps span the
+    # warps. (The exchange words are addressed from Triton's shared memory, which a kernel that uses
+    # none does not declare.)
+    tile = (pid * 100 + rows[:, None] + 0 * steps[None, :]).to(tl.float32)
+    alpha = g._first_column(tile, BLOCK_T)
+    beta = g._first_column(tile * 0.0 + 0.5, BLOCK_T)
     ca, cb = g._cluster_exchange(rows, alpha, beta, BLOCK_N)
     tl.store(out_ptr + pid * BLOCK_N * 2 + rows, ca)
     tl.store(out_ptr + pid * BLOCK_N * 2 + BLOCK_N + rows, cb)
 
 
-# (programs, warps, rows a program): four rows on two or four warps make one asm instance a thread,
-# as in the runs that were exact; 64 rows on one warp make four (compiled for sm_90 with Triton 3.6),
-# as the GAE kernel's 4-row and 16-row time-major tiles do
-CASES = ((512, 2, 4), (4096, 4, 4), (4096, 2, 4), (512, 1, 64), (4096, 1, 64))
+# (programs, warps, rows a program): 4-row tiles as at 4x131072, 64-row ones on more rows than threads
+CASES = ((512, 2, 4), (4096, 4, 4), (4096, 2, 4), (512, 2, 64), (4096, 2, 64))
+BLOCK_T = 256
 
 
 def main() -> None:
@@ -49,12 +52,15 @@ def main() -> None:
     cluster, reads = g.CLUSTER, g.CLUSTER_READS
     for programs, warps, rows in CASES:
         out = torch.full((programs * 2 * rows,), float("nan"), device="cuda")
-        compiled = _exchange_kernel.warmup(out, BLOCK_N=rows, num_warps=warps, grid=(programs,))
+        compiled = _exchange_kernel.warmup(out, BLOCK_N=rows, BLOCK_T=BLOCK_T, num_warps=warps, grid=(programs,))
         compiled._init_handles()
         w, _, shared = compiled.packed_metadata
-        # one launch of programs / cluster clusters (Triton's launcher makes clusters of num_ctas)
+        if shared > g.XCH_OFFSET:
+            raise SystemExit(f"the kernel's own {shared} bytes of shared memory reach RL_GAE_CLUSTER_OFFSET")
+        # one launch of programs / cluster clusters (Triton's launcher makes clusters of num_ctas), with
+        # shared memory for the exchange words
         compiled.run(programs // cluster, 1, 1, torch.cuda.current_stream().cuda_stream, compiled.function,
-                     (w, cluster, shared), None, None, None, out, rows)
+                     (w, cluster, g.XCH_OFFSET + g.XCH_BYTES), None, None, None, out, rows)
         torch.cuda.synchronize()
         got = out.view(programs, 2, rows).cpu()
         wrong = 0
