@@ -7,10 +7,10 @@ programs. Every result is compared with the composition done on the host.
     git apply docs/experiments/cluster-look-back.patch
     RL_GAE_CLUSTER=16 python docs/experiments/cluster_exchange_check.py
 
-Session 39 ran it on the H200 with the first form of the exchange (one asm op): exact in every case
-(four rows a program on two and four warps; session 40 added the 64-row cases, four asm instances a
-thread, also exact). Session 40 split the op in two (see `_cluster_exchange`), which changed this
-script's launch: the exchange words now lie past the kernel's own shared memory.
+Session 39 ran it on the H200 with the first form of the exchange (one asm op): exact in every case.
+Session 40 split the op in two (see `_cluster_exchange`), which changed this script: the exchange
+words now lie past the kernel's own shared memory, and the maps come from first-column reductions,
+as in the GAE kernel. In this form it ran on the H200 with clusters of 16 and of 8: every case exact.
 """
 
 import os
@@ -60,7 +60,7 @@ def main() -> None:
         # one launch of programs / cluster clusters (Triton's launcher makes clusters of num_ctas), with
         # shared memory for the exchange words
         compiled.run(programs // cluster, 1, 1, torch.cuda.current_stream().cuda_stream, compiled.function,
-                     (w, cluster, g.XCH_OFFSET + g.XCH_BYTES), None, None, None, out, rows)
+                     (w, cluster, g.XCH_OFFSET + g.XCH_BYTES), None, None, None, out, rows, BLOCK_T)
         torch.cuda.synchronize()
         got = out.view(programs, 2, rows).cpu()
         wrong = 0
