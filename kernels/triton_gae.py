@@ -1053,7 +1053,7 @@ def uses_pdl(device: torch.device, nvidia: bool) -> bool:
 # four, 10.0-10.1 at two and 10.3-10.6 at one, and 12.1 at eight (uncapped: 16x1M 110.3-110.7 against
 # 108.7-109.0 at four; session 30; capped, see WIDE_WINDOW). Four on 4-row tiles with the reads made to
 # go out together measured 1-2% faster at 4x131072 and 2-4% slower at 4x1M (session 30;
-# kernels/README.md section 6), so it is not done.
+# docs/experiments/README.md), so it is not done.
 LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
 
 # 16-row tiles on grids of WIDE_WINDOW_MIN_PROGRAMS programs up read eight chunks a round, capped at
