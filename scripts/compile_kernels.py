@@ -5,7 +5,7 @@ without one, and print their registers and stack (spills) per thread.
     python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32 --kernels ppo
     python scripts/compile_kernels.py --kernels gae      # compute_gae's launches for GAE_SHAPES
     python scripts/compile_kernels.py --kernels gae --gae 16x1048576:time:default@4 --dump /tmp/gae
-        # a benchmark_gae.py sweep configuration instead; its TTGIR and SASS written to /tmp/gae
+        # a benchmark_gae.py sweep configuration instead; its TTGIR, PTX and SASS written to /tmp/gae
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
@@ -125,7 +125,7 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool,
 
 def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None = None) -> None:
     """Compile and report the launches of GAE_SHAPES, or `launches` ('NxT:env|time[:CONFIG]', CONFIG a
-    `benchmark_gae.py --sweep` configuration), writing each one's TTGIR and SASS under `dump`."""
+    `benchmark_gae.py --sweep` configuration), writing each one's TTGIR, PTX and SASS under `dump`."""
     from benchmark_gae import parse_tile  # the sweep's configurations (torch and triton only)
 
     target = GPUTarget("cuda", arch, 32)
@@ -166,6 +166,7 @@ def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None 
             dump.mkdir(parents=True, exist_ok=True)
             stem = spec.replace(":", "_").replace("/", "w").replace("#", "r").replace("+", "p").replace("@", "a")
             (dump / f"{stem}.ttgir").write_text(compiled.asm["ttgir"])
+            (dump / f"{stem}.ptx").write_text(compiled.asm["ptx"])  # to tell what ptxas moved
             (dump / f"{stem}.sass").write_text(get_sass(compiled.asm["cubin"]))
 
 
@@ -195,7 +196,7 @@ def main() -> None:
     parser.add_argument("--gae", nargs="+", metavar="NxT:LAYOUT[:CONFIG]",
                         help="GAE launches to compile instead of GAE_SHAPES' (LAYOUT env or time; CONFIG as in "
                              "benchmark_gae.py --sweep, e.g. 'default@4#168')")
-    parser.add_argument("--dump", type=Path, help="write each GAE launch's TTGIR and SASS into this folder")
+    parser.add_argument("--dump", type=Path, help="write each GAE launch's TTGIR, PTX and SASS into this folder")
     args = parser.parse_args()
     if "gae" in args.kernels:
         compile_gae(args.arch, args.gae, args.dump)

@@ -251,7 +251,7 @@ def test_the_cuda_launches_compile_for_an_nvidia_gpu(tmp_path):
     # Each is a programmatic dependent launch on sm_90 (`uses_pdl`): the wait for the kernel before it
     # (griddepcontrol.wait, ACQBULK in the SASS) comes before its first access to global memory.
     sass = sorted(tmp_path.glob("*.sass"))
-    assert len(sass) == 13
+    assert len(sass) == 13 and len(list(tmp_path.glob("*.ptx"))) == 13
     for path in sass:
         code = path.read_text()
         wait = code.find("ACQBULK")
