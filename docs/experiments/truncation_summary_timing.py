@@ -1,12 +1,14 @@
-"""Experiment (session 41): with `truncation-summary.patch` applied, on a CUDA GPU, device us (queued,
-as `benchmark_gae.py --sweep` times them) of HEAD's launch, the pre-pass and GAE kernel together, the
-GAE kernel alone on the pre-pass's summary, the pre-pass alone on 1, 2, 4 and 8 warps, and a clone of
-the truncation flags; then the summary launch's error against the float64 loop.
+"""Experiment (sessions 41-42): with `truncation-summary.patch` applied, on a CUDA GPU, device us (queued,
+as `benchmark_gae.py --sweep` times them) of HEAD's launch, a copy of the same bytes, a clone of the
+truncation flags, the GAE kernel alone on the pre-pass's summary, and for each pre-pass configuration
+the pre-pass alone and the whole summary launch (pre-pass and GAE kernel), with the summary launch's
+error against the float64 loop. Two rounds, in one process.
 
     git apply docs/experiments/truncation-summary.patch
-    RL_GAE_SUMMARY_CHUNKS=2 python docs/experiments/truncation_summary_timing.py
+    python docs/experiments/truncation_summary_timing.py [SHAPE ...]
 
-Session 41 ran it on the H200 with RL_GAE_SUMMARY_CHUNKS 1 and 2 (docs/benchmarks.md, "Fewer bytes").
+A configuration is VARIANT:CHUNKS:WARPS[:PHASES:UNROLL] (`GaeLaunch.run_summary`); SUMMARY_CONFIGS=a,b
+chooses them.
 """
 
 import os
@@ -20,18 +22,23 @@ import benchmark_gae as bg  # noqa: E402
 
 import kernels.triton_gae as tg  # noqa: E402  (with the patch applied)
 
-SHAPES = ("16x1048576", "32x1048576", "4x131072", "16x65536", "16384x1024")  # time-major
+SHAPES = ("16x1048576", "4x131072", "16x65536", "32x1048576")  # time-major
+CONFIGS = ("loop:4:1:8:8", "loop:2:1:16:8", "loop:8:2:8:8", "loop:4:2:16:4", "loop:16:4:8:8", "loop:4:4:32:8",
+           "sums:1:4", "sums:2:4", "sums:1:8")
+CONFIGS = tuple(os.environ.get("SUMMARY_CONFIGS", ",".join(CONFIGS)).split(","))
 
 
-class _Skip:
-    """Stands in for the pre-pass, so that a summary launch runs the GAE kernel alone (on the summary
-    the real pre-pass left: the inputs do not change)."""
+def configure(launch: tg.GaeLaunch, config: str) -> None:
+    variant, chunks, warps, *loop = config.split(":")
+    launch.summary_variant, launch.summary_chunks, launch.summary_warps = variant, int(chunks), int(warps)
+    if loop:
+        launch.summary_phases, launch.summary_unroll = int(loop[0]), int(loop[1])
+    num_envs, num_steps = launch.ints[:2]
+    num_chunks = launch.ints[2]
+    launch.summary_grid = (-(-num_chunks // int(chunks)) * -(-num_envs // launch.summary_block[0]),)
 
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
 
-
-def time_shape(spec: str) -> str:
+def time_shape(spec: str) -> list[str]:
     num_envs, num_steps = (int(v) for v in spec.split("x"))
     x = bg.make_inputs(num_envs, num_steps, True)
     nbytes = bg.BYTES_PER_ELEMENT * num_envs * num_steps
@@ -41,31 +48,31 @@ def time_shape(spec: str) -> str:
     ptrs = [0 if a is None else a.data_ptr() for a in t]
     head = tg.GaeLaunch(t, graphs=False)
     summary = tg.GaeLaunch(t, graphs=False, summary=True)
-    prepass = tg._truncation_summary_kernel
-
-    def run_prepass(warps: int) -> None:
-        prepass[summary.summary_grid](*summary.summary_args, BLOCK_N=summary.summary_block[0],
-                                      BLOCK_T=summary.summary_block[1], CHUNKS=summary.summary_chunks,
-                                      num_warps=warps)
-
+    expected = bg.reference_advantages(x, 0.99, 0.95)
     res = {"copy": bg.copy_time_us(nbytes, calls),
            "head": bg.queued_time_us(lambda: head(t, ptrs, 0.99, 0.95), calls),
-           "both": bg.queued_time_us(lambda: summary(t, ptrs, 0.99, 0.95), calls)}
-    tg._truncation_summary_kernel = _Skip()
+           "flags clone": bg.queued_time_us(lambda: x["truncateds"].clone(), calls)}
+    lines = []
+    for config in CONFIGS:
+        configure(summary, config)
+        both = bg.queued_time_us(lambda: summary(t, ptrs, 0.99, 0.95), calls)  # noqa: B023
+        alone = bg.queued_time_us(summary.run_summary, calls)
+        x["advantages"].fill_(float("nan"))
+        summary(t, ptrs, 0.99, 0.95)
+        error = bg.relative_error(x, expected)
+        lines.append(f"  {config}: both {both:.2f} ({res['copy'] / both:.1%} of copy), pre-pass {alone:.2f}, "
+                     f"err {error:.1e}")
+    run_summary = summary.run_summary
+    summary.run_summary = lambda: None  # the GAE kernel alone, on the summary the last pre-pass left
     try:
         res["gae alone"] = bg.queued_time_us(lambda: summary(t, ptrs, 0.99, 0.95), calls)
     finally:
-        tg._truncation_summary_kernel = prepass
-    for warps in (1, 2, 4, 8):
-        res[f"pre-pass {warps}w"] = bg.queued_time_us(lambda: run_prepass(warps), calls)  # noqa: B023
-    res["flags clone"] = bg.queued_time_us(lambda: x["truncateds"].clone(), calls)
-    expected = bg.reference_advantages(x, 0.99, 0.95)
-    x["advantages"].fill_(float("nan"))
-    summary(t, ptrs, 0.99, 0.95)
-    error = bg.relative_error(x, expected)
-    return f"{spec} time: " + " ".join(f"{k} {v:.2f}" for k, v in res.items()) + f" | err {error:.1e}"
+        summary.run_summary = run_summary
+    res["head % of copy"] = 100 * res["copy"] / res["head"]
+    return [f"{spec} time: " + " ".join(f"{k} {v:.2f}" for k, v in res.items())] + lines
 
 
 if __name__ == "__main__":
-    for shape in SHAPES:
-        print(time_shape(shape), flush=True)
+    for rnd in (1, 2):
+        for shape in sys.argv[1:] or SHAPES:
+            print(f"round {rnd}", "\n".join(time_shape(shape)), flush=True)
