@@ -23,9 +23,8 @@ import benchmark_gae as bg  # noqa: E402
 import kernels.triton_gae as tg  # noqa: E402  (with the patch applied)
 
 SHAPES = ("16x1048576", "4x131072", "16x65536", "32x1048576")  # time-major
-CONFIGS = ("loop:4:1:8:8", "loop:2:1:16:8", "loop:8:2:8:8", "loop:4:2:16:4", "loop:16:4:8:8", "loop:4:4:32:8",
-           "sums:1:4", "sums:2:4", "sums:1:8")
-CONFIGS = tuple(os.environ.get("SUMMARY_CONFIGS", ",".join(CONFIGS)).split(","))
+CONFIGS = tuple(os.environ.get("SUMMARY_CONFIGS", "loop:4:1:8:8,loop:2:1:16:8,loop:8:2:8:8,loop:4:2:16:4,loop:16:4:8:8,"
+                                                   "loop:4:4:32:8,sums:1:4,sums:2:4,sums:1:8").split(","))
 
 
 def configure(launch: tg.GaeLaunch, config: str) -> None:
@@ -33,9 +32,6 @@ def configure(launch: tg.GaeLaunch, config: str) -> None:
     launch.summary_variant, launch.summary_chunks, launch.summary_warps = variant, int(chunks), int(warps)
     if loop:
         launch.summary_phases, launch.summary_unroll = int(loop[0]), int(loop[1])
-    num_envs, num_steps = launch.ints[:2]
-    num_chunks = launch.ints[2]
-    launch.summary_grid = (-(-num_chunks // int(chunks)) * -(-num_envs // launch.summary_block[0]),)
 
 
 def time_shape(spec: str) -> list[str]:
