@@ -141,7 +141,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
               f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps; "
               f"run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
-            compile_time = (" (torch.compile takes ~25 s on the lent H200 host or a 2-core CPU; seconds once cached)"
+            # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.
+            takes = ("~25 s on an H200 host" if device.type == "cuda"
+                     else "~25 s on a 2-core CPU, about a minute on the H200 host's slow cores")
+            compile_time = (f" (torch.compile takes {takes}; seconds once cached)"
                             if "compiled update" in fast_paths else "")
             print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}",
                   flush=True)
