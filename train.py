@@ -37,7 +37,7 @@ from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, settings_from_dict
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
 from ppo.fused_update import auto_fallback_note, fuses
-from ppo.logger import RunLogger, mean_of_last_episodes
+from ppo.logger import RunLogger, final_step, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
 
@@ -124,9 +124,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         generator.manual_seed(env_seed)
     buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
     collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed, graphs)
-    logger = RunLogger(run_dir, settings.total_timesteps, global_step, settings.log_every_s, enabled=workers.is_main)
-    stop = StopOnSignal()
     steps_per_iteration = settings.batch_size * workers.world_size
+    last_step = final_step(global_step, settings.total_timesteps, steps_per_iteration)
+    logger = RunLogger(run_dir, last_step, global_step, settings.log_every_s, enabled=workers.is_main)
+    stop = StopOnSignal()
 
     def state() -> dict:
         return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator)
@@ -137,8 +138,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                                             ("compiled update", compiled_loss)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
         paths = " with " + " and ".join(fast_paths) if fast_paths else ""
+        # Whole iterations: say where the run really ends when that is past the requested count.
+        past = (f" (whole iterations of {steps_per_iteration:,}: it ends at {last_step:,})"
+                if last_step > settings.total_timesteps else "")
         print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x "
-              f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps; "
+              f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps{past}; "
               f"run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
             # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.

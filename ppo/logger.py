@@ -12,11 +12,12 @@ from torch.utils.tensorboard import SummaryWriter
 class RunLogger:
     """With `enabled=False` (data-parallel workers other than rank 0) it writes and prints nothing."""
 
-    def __init__(self, run_dir: str, total_timesteps: int, start_step: int, every_s: float = 2.0,
+    def __init__(self, run_dir: str, last_step: int, start_step: int, every_s: float = 2.0,
                  enabled: bool = True):
+        """`last_step`: where the run will stop (`final_step`), so the bar ends at 100%."""
         self.enabled = enabled
         self.writer = SummaryWriter(run_dir) if enabled else None
-        self.total, self.every_s = total_timesteps, every_s
+        self.total, self.every_s = max(last_step, 1), every_s
         self.start_time, self.start_step = time.time(), start_step
         self.last_print = 0.0
         self.recent_return = math.nan
@@ -48,6 +49,13 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def final_step(start_step: int, total_timesteps: int, steps_per_iteration: int) -> int:
+    """The step count at which the training loop stops: it runs whole iterations while the count is
+    below `total_timesteps`, so it may end past it (at most one iteration less one step)."""
+    iterations = max(-(-(total_timesteps - start_step) // steps_per_iteration), 0)  # ceil, none if already there
+    return start_step + iterations * steps_per_iteration
 
 
 def _duration(seconds: float) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from ppo.checkpoint import resolve_checkpoint
 from ppo.config import settings_from_dict
+from ppo.logger import final_step
 from tests.toy_env import TOY_NAN_ID, register_toy_envs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +26,12 @@ def run_train(*overrides: str, timeout: int = 300) -> subprocess.CompletedProces
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
 def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     result = run_train("env=Hopper-v4", f"env.backend={backend}", "env.num_envs=4", "ppo.num_steps=64",
-                       "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=512", "device=cpu",
+                       "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=400", "device=cpu",
                        f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
-    assert "step 512/512" in result.stdout and "SPS" in result.stdout
+    # 400 steps take two whole iterations of 256: the first line says so and the bar ends at 100%.
+    assert "for 400 steps (whole iterations of 256: it ends at 512)" in result.stdout
+    assert "step 512/512 (100.0%)" in result.stdout and "SPS" in result.stdout
     assert "finished at step 512: " in result.stdout and str(tmp_path) in result.stdout  # the closing line
     assert "compiled update" not in result.stdout, "ppo.compile=auto must not compile a short CPU run"
     assert list(tmp_path.glob("events.out.tfevents.*"))
@@ -38,6 +41,17 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     # The simulator build is part of what a result depends on: run_info names it, MuJoCo included.
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert re.fullmatch(rf"{backend} [0-9.]+, MuJoCo [0-9]+\.[0-9]+\.[0-9]+", info["simulator"]), info["simulator"]
+
+
+@pytest.mark.parametrize(("start", "total", "per_iteration", "expected"), [
+    (0, 512, 256, 512), (0, 400, 256, 512), (0, 1, 256, 256), (0, 1_000_000, 2048, 1_001_472),
+    (512, 1024, 256, 1024), (512, 600, 256, 768), (512, 512, 256, 512), (768, 512, 256, 768)])
+def test_final_step_is_where_the_loop_of_whole_iterations_stops(start, total, per_iteration, expected):
+    step = start  # the loop in train.py, run by hand
+    while step < total:
+        step += per_iteration
+    assert step == expected
+    assert final_step(start, total, per_iteration) == expected
 
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
