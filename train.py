@@ -92,6 +92,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     checkpoint = load_checkpoint(resolve_checkpoint(settings.resume), device) if settings.resume else None
     iteration = checkpoint["iteration"] if checkpoint else 0
     global_step = checkpoint["global_step"] if checkpoint else 0
+    if global_step >= settings.total_timesteps:  # a resume that would train nothing is a forgotten override
+        raise ConfigError(f"resume={settings.resume}: its checkpoint is at step {global_step:,}, which already "
+                          f"reaches `total_timesteps` ({settings.total_timesteps:,}); set it higher to train on")
 
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)

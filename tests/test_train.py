@@ -69,6 +69,12 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     assert after["obs_normalizer"]["count"] > before["obs_normalizer"]["count"]
     # the value statistics travelled too, and took at most the two iterations' 2 x 4 x 64 returns
     assert 0 < after["value_normalizer"]["count"] - before["value_normalizer"]["count"] <= 512
+    # A resume whose total the checkpoint already reaches would train nothing: one line, no new run.
+    again = run_train(*common, "total_timesteps=1000", f"resume={tmp_path / 'b'}", f"hydra.run.dir={tmp_path / 'c'}")
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert again.stderr.strip() == (f"error: resume={tmp_path / 'b'}: its checkpoint is at step 1,024, which "
+                                    "already reaches `total_timesteps` (1,000); set it higher to train on")
+    assert not list((tmp_path / "c").glob("events.out.tfevents.*"))
 
 
 def test_a_compiled_cpu_run_resumes_with_its_adam_state(tmp_path):
