@@ -159,7 +159,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             print(fallback, flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
-        while global_step < settings.total_timesteps and not stop.agreed(device):
+        while global_step < last_step and not stop.agreed(device):
             iteration += 1
             if ppo.adaptive_lr_kl is None:  # else the updater adapts the rate after each epoch
                 set_learning_rate(optimizer, ppo.learning_rate * (1 - global_step / settings.total_timesteps

@@ -17,7 +17,7 @@ class RunLogger:
         """`last_step`: where the run will stop (`final_step`), so the bar ends at 100%."""
         self.enabled = enabled
         self.writer = SummaryWriter(run_dir) if enabled else None
-        self.total, self.every_s = max(last_step, 1), every_s
+        self.total, self.every_s = last_step, every_s
         self.start_time, self.start_step = time.time(), start_step
         self.last_print = 0.0
         self.recent_return = math.nan
@@ -52,8 +52,8 @@ class RunLogger:
 
 
 def final_step(start_step: int, total_timesteps: int, steps_per_iteration: int) -> int:
-    """The step count at which the training loop stops: it runs whole iterations while the count is
-    below `total_timesteps`, so it may end past it (at most one iteration less one step)."""
+    """Where training stops (train.py's loop runs to it): whole iterations while the count is below
+    `total_timesteps`, so it may end past it, by at most one iteration less one step."""
     iterations = max(-(-(total_timesteps - start_step) // steps_per_iteration), 0)  # ceil, none if already there
     return start_step + iterations * steps_per_iteration
 

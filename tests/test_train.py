@@ -47,7 +47,7 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     (0, 512, 256, 512), (0, 400, 256, 512), (0, 1, 256, 256), (0, 1_000_000, 2048, 1_001_472),
     (512, 1024, 256, 1024), (512, 600, 256, 768), (512, 512, 256, 512), (768, 512, 256, 768)])
 def test_final_step_is_where_the_loop_of_whole_iterations_stops(start, total, per_iteration, expected):
-    step = start  # the loop in train.py, run by hand
+    step = start  # whole iterations while the count is below the total, run by hand
     while step < total:
         step += per_iteration
     assert step == expected
