@@ -10,8 +10,9 @@ experiment (`+experiment=ant_10m` makes `Ant-v4+ant_10m`) and any override that 
 learned (`Ant-v4+ant_10m ppo.adaptive_lr_kl=0.016`), so runs of different configurations never pool
 as seeds (seed, device, threads, logging, checkpoints, compile and CUDA graphs do not count). Per
 row: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock and SPS averaged
-over seeds (wall-clock: from the first to the last logged iteration of each process), and where
-they ran. One plot per task and budget, all its runs.
+over seeds (wall-clock: from the first to the last logged iteration of each process; SPS: the steps
+trained in that span over it, so a process's first iteration, its start-up and compile, counts in
+neither), and where they ran. One plot per task and budget, all its runs.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ class Run:
     returns: np.ndarray  # mean episodic return of those iterations
     episodes: np.ndarray
     final_step: int
-    wall_clock_s: float
+    wall_clock_s: float  # from the first to the last logged iteration, per process, summed
+    timed_steps: int  # the steps trained within those spans
+
+    @property
+    def sps(self) -> float | None:
+        """Steps per second over the timed spans; None for a run that logged one iteration per process."""
+        return self.timed_steps / self.wall_clock_s if self.wall_clock_s > 0 else None
 
     @property
     def score(self) -> float:
@@ -75,6 +82,7 @@ def load_run(path: Path) -> Run | None:
     episodes = {e.step: e.value for e in events.Scalars("charts/episodes")} if "charts/episodes" in tags else {}
     sps = events.Scalars("charts/SPS")
     budget = _budget(path) or sps[-1].step
+    wall_clock_s, timed_steps = _timed_span(path)
     task = info["env_id"] + _configuration(path)
     # The simulator build counts as hardware: the same code and config score differently on another
     # build (envpool 1.2.5 against 1.2.7 and gymnasium, docs/results.md), so such runs must not pool.
@@ -83,22 +91,25 @@ def load_run(path: Path) -> Run | None:
     return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=hardware,
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
-               final_step=sps[-1].step, wall_clock_s=_wall_clock_s(path))
+               final_step=sps[-1].step, wall_clock_s=wall_clock_s, timed_steps=timed_steps)
 
 
-def _wall_clock_s(path: Path) -> float:
-    """From the first to the last logged iteration, per TensorBoard events file, summed: a resumed
-    run (one file per process) counts the time it trained, not the time between its processes."""
+def _timed_span(path: Path) -> tuple[float, int]:
+    """Seconds and steps from the first to the last logged iteration, per TensorBoard events file,
+    summed: a resumed run (one file per process) counts the time it trained, not the time between
+    its processes. The steps are those trained inside the span (a process's first iteration ends
+    where it starts), so that their ratio is a true rate even for a run of a few iterations."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    total = 0.0
+    seconds, steps = 0.0, 0
     for file in sorted(path.glob("events.out.tfevents.*")):
         events = EventAccumulator(str(file), size_guidance={"scalars": 0})
         events.Reload()
         if "charts/SPS" in events.Tags()["scalars"]:
             sps = events.Scalars("charts/SPS")
-            total += sps[-1].wall_time - sps[0].wall_time
-    return total
+            seconds += sps[-1].wall_time - sps[0].wall_time
+            steps += sps[-1].step - sps[0].step
+    return seconds, steps
 
 
 # Overrides that change how or where a run executes, not what it learns (or that are its task and
@@ -171,10 +182,21 @@ def summarize(runs: list[Run]) -> list[dict]:
             "task": task, "steps": budget, "seeds": len(group),
             "mean": round(float(scores.mean()), 1), "std": round(float(scores.std()), 1),
             "wall_clock_s": round(wall, 1),
-            "sps": round(float(np.mean([r.final_step / max(r.wall_clock_s, 1e-9) for r in group]))),
+            "sps": mean_sps(group),
             "hardware": hardware,
         })
     return rows
+
+
+def mean_sps(runs: list[Run]) -> int | None:
+    """The mean steps per second over the runs that timed any; None (an empty CSV cell, "-" in a
+    table) where none did."""
+    rates = [r.sps for r in runs if r.sps is not None]
+    return round(float(np.mean(rates))) if rates else None
+
+
+def format_sps(sps: int | None) -> str:
+    return "-" if sps is None else f"{sps:,}"
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -232,7 +254,7 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
         public = reference(row["task"], row["steps"])
         ref = f"{public[0]} ({public[1]})" if public else "-"
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
-                     f"{row['wall_clock_s']:,} | {row['sps']:,} | {row['hardware']} |")
+                     f"{row['wall_clock_s']:,} | {format_sps(row['sps'])} | {row['hardware']} |")
     lines.append("")
     if note:
         lines += [note, ""]

@@ -3,6 +3,8 @@
     python scripts/summarize_sweep.py multirun/2026-11-29_10-00-00
 
 Final return: the average over (about) the last 100 training episodes, as train.py returns it.
+SPS and wall-clock as in summarize_results.py: from each process's first to its last logged
+iteration ("-" for a run of one iteration).
 Writes sweep_summary.csv and sweep_summary.png into the multirun dir and prints the table, best
 first.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from summarize_results import find_runs  # noqa: E402
+from summarize_results import find_runs, format_sps, mean_sps  # noqa: E402
 
 COLUMNS = ["run", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
 
@@ -37,7 +39,7 @@ def main() -> None:
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
     rows = sorted(({"run": r.path.name, "overrides": overrides_of(r.path), "final_return": round(r.score, 2),
-                    "steps": r.final_step, "sps": round(r.final_step / max(r.wall_clock_s, 1e-9)),
+                    "steps": r.final_step, "sps": mean_sps([r]),
                     "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
                   key=lambda row: -row["final_return"] if row["final_return"] == row["final_return"] else 0)
     with (args.sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
@@ -48,8 +50,8 @@ def main() -> None:
     width = max(len(row["run"]) for row in rows)
     print(f"{'run':{width}}  {'final return':>12}  {'SPS':>7}  {'wall s':>7}  overrides")
     for row in rows:
-        print(f"{row['run']:{width}}  {row['final_return']:12.2f}  {row['sps']:7,}  {row['wall_clock_s']:7.1f}  "
-              f"{row['overrides']}")
+        sps, wall = format_sps(row["sps"]), row["wall_clock_s"]
+        print(f"{row['run']:{width}}  {row['final_return']:12.2f}  {sps:>7}  {wall:7.1f}  {row['overrides']}")
 
 
 def plot(runs, path: Path) -> None:

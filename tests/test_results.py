@@ -124,6 +124,23 @@ def test_a_resumed_run_counts_its_training_time_not_the_pause(tmp_path):
         writer.close()
     run = summarize_results.load_run(path)
     assert run.final_step == 10_000 and run.wall_clock_s == pytest.approx(80.0)
+    # 4,000 steps trained inside each process's 40 s span: a process's first iteration ends where
+    # its span starts, so counting all 10,000 steps would claim 125 steps/s.
+    assert run.timed_steps == 8_000 and run.sps == pytest.approx(100.0)
+
+
+def test_a_run_of_one_iteration_has_no_rate_rather_than_a_huge_one(tmp_path):
+    path = tmp_path / "runs" / "short"
+    fake_run(path, "Hopper-v4", 1, 100.0, budget=1_000)
+    for file in path.glob("events.out.tfevents.*"):
+        file.unlink()
+    writer = SummaryWriter(str(path))
+    writer.add_scalar("charts/episodic_return", 100.0, 1000)
+    writer.add_scalar("charts/SPS", 1000.0, 1000)
+    writer.close()
+    (row,) = summarize_results.summarize(summarize_results.find_runs([tmp_path / "runs"]))
+    assert row["sps"] is None and row["wall_clock_s"] == 0.0
+    assert summarize_results.format_sps(row["sps"]) == "-" and summarize_results.format_sps(4746) == "4,746"
 
 
 def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():

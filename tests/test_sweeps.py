@@ -1,5 +1,5 @@
 """Sweeps on existing engines: Optuna search, joblib's parallel launcher, the SLURM config, and the
-sweep summary. (Data-parallel training is not built yet.)"""
+sweep summary."""
 
 import csv
 import subprocess
