@@ -34,7 +34,7 @@ from ppo import distributed
 from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
-from ppo.config import ConfigError, TrainSettings, settings_from_dict
+from ppo.config import ConfigError, TrainSettings, resolve_device, settings_from_dict
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
 from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
@@ -55,8 +55,11 @@ def main(cfg: DictConfig) -> float:
         device = resolve_device(settings.device)
         if settings.resume:
             resolve_checkpoint(settings.resume)
-    except (ConfigError, FileNotFoundError) as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except FileNotFoundError as error:  # only the resume checkpoint is looked up above
+        print(f"error: resume={settings.resume}: {error}", file=sys.stderr)
         sys.exit(2)
     try:
         objective = train(settings, HydraConfig.get().runtime.output_dir, device)
@@ -66,15 +69,6 @@ def main(cfg: DictConfig) -> float:
     if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
         sys.exit(0)
     return objective
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"`device={name}` but CUDA is not available here (try device=cpu)")
-    return device
 
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:

@@ -23,13 +23,15 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def resolve_checkpoint(resume: str) -> Path:
-    """`resume` may name a checkpoint file or a run directory that holds `checkpoints/last.pt`."""
-    path = Path(resume).expanduser()
+def resolve_checkpoint(location: str) -> Path:
+    """`location` may name a checkpoint file or a run directory that holds `checkpoints/last.pt`.
+    The error names the path tried; callers say which argument gave it."""
+    path = Path(location).expanduser()
     if path.is_dir():
         path = path / CHECKPOINT_DIR / LAST
     if not path.is_file():
-        raise FileNotFoundError(f"resume={resume}: no checkpoint at {path}")
+        raise FileNotFoundError(f"no checkpoint at {path} (give a checkpoint file or a run dir holding "
+                                f"{CHECKPOINT_DIR}/{LAST})")
     return path
 
 

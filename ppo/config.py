@@ -4,6 +4,7 @@ below `train.py` imports Hydra or omegaconf."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,5 +233,25 @@ def _validate(s: TrainSettings) -> None:
     if s.env.pin_threads is True and s.env.backend != "envpool":
         raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
                           f"{s.env.backend} (use auto or false)")
-    if s.device != "auto" and s.device != "cpu" and not (s.device == "cuda" or s.device.startswith("cuda:")):
-        raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {s.device!r}")
+    check_device_name(s.device)
+
+
+def check_device_name(name: str) -> None:
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", name):
+        raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {name!r}")
+
+
+def resolve_device(name: str):
+    """The `torch.device` a `device` setting names (`auto`: CUDA if available), or a ConfigError
+    when it names a GPU this machine does not have."""
+    import torch  # here, so that this module stays torch-free for the code that only checks settings
+
+    check_device_name(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"`device={name}` but CUDA is not available here (try device=cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"`device={name}` but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device

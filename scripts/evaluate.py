@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import make_agent  # noqa: E402
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
-from ppo.config import settings_from_dict  # noqa: E402
+from ppo.config import ConfigError, resolve_device, settings_from_dict  # noqa: E402
 from ppo.envs import check_env_id, make_envs  # noqa: E402
 from ppo.normalize import ObservationNormalizer  # noqa: E402
 
@@ -90,13 +90,22 @@ def main() -> None:
     parser.add_argument("checkpoint", help="a run dir or a checkpoint file")
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--num-envs", type=int, default=None, help="default: the run's env.num_envs")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
                         help="simulate with this backend instead of the run's env.backend")
     args = parser.parse_args()
-    returns = torch.tensor(evaluate(args.checkpoint, args.episodes, torch.device(args.device), args.seed,
-                                    args.num_envs, args.backend), dtype=torch.float64)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be at least 1, got {args.episodes}")
+    if args.num_envs is not None and args.num_envs < 1:
+        parser.error(f"--num-envs must be at least 1, got {args.num_envs}")
+    try:
+        returns = torch.tensor(evaluate(args.checkpoint, args.episodes, resolve_device(args.device), args.seed,
+                                        args.num_envs, args.backend), dtype=torch.float64)
+    except FileNotFoundError as error:
+        sys.exit(f"error: {args.checkpoint}: {error}")
+    except ConfigError as error:  # e.g. a backend that does not have the run's task
+        sys.exit(f"error: {error}")
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 

@@ -40,3 +40,17 @@ def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
     assert take_evenly([[1.0, 2.0], [3.0, 4.0]], 3) == [1.0, 3.0, 2.0]
     with pytest.raises(ValueError, match="need 2 from each"):
         take_evenly(per_env, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{missing}"], "error: {missing}: no checkpoint at {missing}"),
+    (["{tmp}", "--episodes", "0"], "--episodes must be at least 1, got 0"),
+    (["{tmp}", "--num-envs", "-2"], "--num-envs must be at least 1, got -2"),
+    (["{missing}", "--device", "gpu"], "`device` must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+])
+def test_bad_arguments_are_one_line_errors_not_tracebacks(tmp_path, args, message):
+    paths = {"tmp": str(tmp_path), "missing": str(tmp_path / "no_such_run")}
+    result = subprocess.run([sys.executable, "scripts/evaluate.py", *(a.format(**paths) for a in args)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and message.format(**paths) in result.stderr
+    assert "Traceback" not in result.stderr
