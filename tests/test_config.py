@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ppo.config import ConfigError, PPOSettings, settings_from_dict
+from ppo.config import ConfigError, PPOSettings, resolve_device, settings_from_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
@@ -44,6 +44,7 @@ def test_any_env_id_without_a_file():
     ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
     ("env.backend=isaac", "`env.backend` must be envpool or gymnasium, got 'isaac'"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("device=cuda:x", "`device` must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
     ("ppo.gamma=1.5", r"`ppo.gamma` must be in \[0, 1\], got 1.5"),
     ("ppo.learning_rate=-1", "`ppo.learning_rate` must be positive"),
     ("total_timesteps=abc", "`total_timesteps` must be an integer"),
@@ -58,6 +59,22 @@ def test_any_env_id_without_a_file():
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_settings(*override.split())
+
+
+@pytest.mark.parametrize("cuda_devices, name, expected", [
+    (0, "auto", "cpu"), (0, "cpu", "cpu"), (0, "cuda", "CUDA is not available here"),
+    (2, "auto", "cuda"), (2, "cuda:1", "cuda:1"), (2, "cuda:2", "this machine has 2 CUDA device"),
+])
+def test_the_device_resolves_or_names_what_is_missing(monkeypatch, cuda_devices, name, expected):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_devices > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
+    if expected in ("cpu", "cuda", "cuda:1"):
+        assert str(resolve_device(name)) == expected
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            resolve_device(name)
 
 
 @pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
