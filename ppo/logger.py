@@ -19,7 +19,7 @@ class RunLogger:
         self.writer = SummaryWriter(run_dir) if enabled else None
         self.total, self.every_s = last_step, every_s
         self.start_time, self.start_step = time.time(), start_step
-        self.last_print = 0.0
+        self.last_print, self.printed_step = 0.0, None
         self.recent_return = math.nan
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -32,12 +32,13 @@ class RunLogger:
         return (step - self.start_step) / max(time.time() - self.start_time, 1e-9)
 
     def progress(self, step: int, episodic_return: float | None, final: bool = False) -> None:
+        """One line at most every `every_s`; `final` forces the line for `step` unless it is already out."""
         if episodic_return is not None:
             self.recent_return = episodic_return
         now = time.time()
-        if not self.enabled or (not final and now - self.last_print < self.every_s):
+        if not self.enabled or (not final and now - self.last_print < self.every_s) or step == self.printed_step:
             return
-        self.last_print = now
+        self.last_print, self.printed_step = now, step
         sps = self.sps(step)
         eta = max(self.total - step, 0) / sps if sps > 0 else math.inf
         done = min(step / self.total, 1.0)

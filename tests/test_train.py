@@ -12,7 +12,7 @@ import torch
 
 from ppo.checkpoint import resolve_checkpoint
 from ppo.config import settings_from_dict
-from ppo.logger import final_step
+from ppo.logger import RunLogger, final_step
 from tests.toy_env import TOY_NAN_ID, register_toy_envs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +52,17 @@ def test_final_step_is_where_the_loop_of_whole_iterations_stops(start, total, pe
         step += per_iteration
     assert step == expected
     assert final_step(start, total, per_iteration) == expected
+
+
+@pytest.mark.parametrize("every_s", [0.0, 3600.0], ids=["last-step-printed-in-loop", "throttled"])
+def test_the_closing_progress_line_is_printed_once(tmp_path, capsys, every_s):
+    logger = RunLogger(str(tmp_path), last_step=512, start_step=0, every_s=every_s)
+    logger.progress(256, 1.0)
+    logger.progress(512, 2.0)  # the loop's last iteration: printed unless throttled
+    logger.progress(512, None, final=True)  # after the loop: the 100% line, once
+    logger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.count("step 512/512 (100.0%)") for line in lines] == [0, 1]
 
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
