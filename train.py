@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import random
+import shlex
 import signal
 import sys
 import time
@@ -34,7 +35,7 @@ from ppo import distributed
 from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
-from ppo.config import ConfigError, TrainSettings, resolve_device, settings_from_dict
+from ppo.config import ConfigError, TrainSettings, learning_differences, resolve_device, settings_from_dict
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
 from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
@@ -61,8 +62,10 @@ def main(cfg: DictConfig) -> float:
     except FileNotFoundError as error:  # only the resume checkpoint is looked up above
         print(f"error: resume={settings.resume}: {error}", file=sys.stderr)
         sys.exit(2)
+    # Keys this command sets itself (`key=value`): a resume may change those on purpose.
+    given = frozenset(o.lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task)
     try:
-        objective = train(settings, HydraConfig.get().runtime.output_dir, device)
+        objective = train(settings, HydraConfig.get().runtime.output_dir, device, given)
     except (NonFiniteLossError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
@@ -71,7 +74,9 @@ def main(cfg: DictConfig) -> float:
     return objective
 
 
-def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
+def train(settings: TrainSettings, run_dir: str, device: torch.device, given: frozenset[str] = frozenset()) -> float:
+    """`given`: the setting keys the command line set (`key=value`); a resume may change only those,
+    and the execution keys (ppo.config.EXECUTION_KEYS), from the settings its run trained with."""
     ppo = settings.ppo
     workers = distributed.start(device)  # under torchrun: this worker's rank; else one worker
     if device.type == "cuda" and workers.world_size > 1:
@@ -89,6 +94,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
     if global_step >= settings.total_timesteps:  # a resume that would train nothing is a forgotten override
         raise ConfigError(f"resume={settings.resume}: its checkpoint is at step {global_step:,}, which already "
                           f"reaches `total_timesteps` ({settings.total_timesteps:,}); set it higher to train on")
+    changed = resumed_changes(settings, checkpoint, given) if checkpoint else []
 
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
@@ -151,6 +157,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
                   flush=True)
         if fallback:
             print(fallback, flush=True)
+        if changed:
+            print("resumed with settings changed on purpose: " + ", ".join(
+                f"{key} {_yaml(old)} -> {_yaml(new)}" for key, old, new in changed), flush=True)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < last_step and not stop.agreed(device):
@@ -204,7 +213,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
             path = save_checkpoint(run_dir, state())
             logger.progress(global_step, None, final=True)
             if stop.requested:
-                print(f"stopped by signal at step {global_step:,}; checkpoint {path} (resume={run_dir})", flush=True)
+                print(f"stopped by signal at step {global_step:,}; checkpoint {path}; to go on: "
+                      f"{resume_command(run_dir)}", flush=True)
             else:
                 final = mean_of_last_episodes(recent)
                 score = (f"mean return of the last 100 episodes {final:.1f} (CleanRL's metric)" if math.isfinite(final)
@@ -215,6 +225,44 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device) -> float:
         logger.close()
     distributed.stop()
     return mean_of_last_episodes(recent)
+
+
+def resumed_changes(settings: TrainSettings, checkpoint: dict, given: frozenset[str]) -> list[tuple]:
+    """The learning settings this resume changes on purpose, as `(key, the run's value, this one)`.
+    Any other learning setting that differs from the run's is an error: a forgotten override (the
+    env, the seed, a batch size) would silently train another configuration from this checkpoint,
+    in a run dir named after the wrong one."""
+    differences = learning_differences(checkpoint["settings"], dataclasses.asdict(settings))
+    forgotten = [d for d in differences if d[0] not in given]
+    if forgotten:
+        shown = ", ".join(f"{key} {_yaml(old)} (here {_yaml(new)})" for key, old, new in forgotten[:4])
+        more = f" and {len(forgotten) - 4} more" if len(forgotten) > 4 else ""
+        run_dir = resolve_checkpoint(settings.resume).parent.parent  # <run dir>/checkpoints/last.pt
+        command = resume_command(run_dir, settings.resume, settings.total_timesteps)
+        raise ConfigError(f"resume={settings.resume}: its run trained with other settings: {shown}{more}. Continue "
+                          f"it with its own overrides: {command}; or set a key as key=value (to the run's value, "
+                          f"or to a new one on purpose)")
+    return differences
+
+
+def resume_command(run_dir: str | Path, resume: str | None = None, total_timesteps: int | None = None) -> str:
+    """`python train.py <the run's own overrides> resume=<resume, or the run dir>`, from Hydra's
+    record of the overrides in the run dir (none where it kept no record); `total_timesteps`
+    replaces the run's own target."""
+    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in OmegaConf.load(recorded)] if recorded.is_file() else []
+    dropped = ("hydra.", "resume=") + (("total_timesteps=",) if total_timesteps is not None else ())
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
+    if total_timesteps is not None:
+        kept.append(f"total_timesteps={total_timesteps}")
+    return " ".join(["python train.py", *map(shlex.quote, kept), shlex.quote(f"resume={resume or run_dir}")])
+
+
+def _yaml(value) -> str:
+    """A setting's value as it would be written on the command line."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else str(value)
 
 
 def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, workers: int = 1) -> None:
@@ -266,8 +314,10 @@ def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, ge
 def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
     try:
         agent.load_state_dict(checkpoint["agent"])
-    except RuntimeError as error:
-        raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({error})") from error
+    except RuntimeError as error:  # torch lists every mismatched tensor over many lines: the first says enough
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = next((line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))), lines[0])
+        raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({detail})") from error
     optimizer.load_state_dict(checkpoint["optimizer"])
     for name, normalizer in normalizers.items():
         # Only a checkpoint from before value normalisation existed may lack one (of "value_normalizer").

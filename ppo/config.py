@@ -115,6 +115,32 @@ class TrainSettings:
         return self.env.num_envs * self.ppo.num_steps
 
 
+# Settings that change how or where a run executes, not what it learns: a resumed run may change them
+# freely (and scripts/summarize_results.py pools runs that differ only in these).
+EXECUTION_KEYS = frozenset({
+    "total_timesteps", "device", "resume", "torch_threads", "log_every_s", "checkpoint.every",
+    "env.num_threads", "env.groups", "env.pin_threads", "ppo.compile", "ppo.cuda_graphs"})
+
+
+def flat_settings(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"ppo.gamma": 0.99, ...}` from a nested settings dict, lists as tuples (as the settings hold them)."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def learning_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """`(key, saved value, current value)` for each setting outside EXECUTION_KEYS that differs
+    between two nested settings dicts; keys only one of them knows (older or newer code) are skipped."""
+    old, new = flat_settings(saved), flat_settings(current)
+    return [(key, old[key], new[key]) for key in sorted(old.keys() & new.keys())
+            if key not in EXECUTION_KEYS and old[key] != new[key]]
+
+
 def settings_from_dict(config: dict[str, Any]) -> TrainSettings:
     """Build and validate `TrainSettings` from a plain nested dict; unknown keys are errors."""
     settings = _build(TrainSettings, config, "")

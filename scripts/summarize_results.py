@@ -30,6 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from ppo.config import EXECUTION_KEYS  # noqa: E402
 from ppo.logger import mean_of_last_episodes  # noqa: E402
 
 # Public PPO results at the same budgets (mean return), drawn as a line on each plot.
@@ -114,8 +115,7 @@ def _timed_span(path: Path) -> tuple[float, int]:
 
 # Overrides that change how or where a run executes, not what it learns (or that are its task and
 # budget, grouped on their own): runs differing only in these pool as seeds of one row.
-EXECUTION_KEYS = {"seed", "device", "log_every_s", "resume", "torch_threads", "total_timesteps", "env", "env.id",
-                  "env.num_threads", "env.groups", "env.pin_threads", "ppo.compile", "ppo.cuda_graphs"}
+POOLED_KEYS = EXECUTION_KEYS | {"seed", "env", "env.id"}
 
 
 def _configuration(path: Path) -> str:
@@ -130,7 +130,7 @@ def _configuration(path: Path) -> str:
         key, _, value = override.lstrip("+~").partition("=")
         if key == "experiment":
             experiment = f"+{value}"
-        elif key and key not in EXECUTION_KEYS and not key.startswith(("hydra.", "checkpoint.")):
+        elif key and key not in POOLED_KEYS and not key.startswith(("hydra.", "checkpoint.")):
             others.append(f"{key}={value}")
     return experiment + "".join(f" {o}" for o in sorted(others))
 

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ppo.config import ConfigError, PPOSettings, resolve_device, settings_from_dict
+from ppo.config import ConfigError, PPOSettings, learning_differences, resolve_device, settings_from_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
@@ -59,6 +59,16 @@ def test_any_env_id_without_a_file():
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_settings(*override.split())
+
+
+def test_a_resume_compares_learning_settings_only():
+    # Execution keys may differ, a list equals the tuple the settings hold, and keys that only one
+    # side knows (a checkpoint of older or newer code) are not compared.
+    saved = {"device": "cpu", "total_timesteps": 10, "seed": 1,
+             "ppo": {"gamma": 0.99, "gone": 1, "compile": "auto"}, "model": {"hidden_sizes": [64, 64]}}
+    current = {"device": "cuda", "total_timesteps": 20, "seed": 2,
+               "ppo": {"gamma": 0.9, "new": 2, "compile": True}, "model": {"hidden_sizes": (64, 64)}}
+    assert learning_differences(saved, current) == [("ppo.gamma", 0.99, 0.9), ("seed", 1, 2)]
 
 
 @pytest.mark.parametrize("cuda_devices, name, expected", [

@@ -3,6 +3,7 @@ multirun, error messages, the NaN guard, and (slow, still run in CI) learning In
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,25 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     first = run_train(*common, "total_timesteps=512", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
     before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=False)
-    second = run_train(*common, "total_timesteps=1024", f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    # The run's overrides forgotten: an error naming the settings, and the command that continues it.
+    forgot = run_train(*common[:-2], "total_timesteps=1024", f"resume={tmp_path / 'a'}",
+                       f"hydra.run.dir={tmp_path / 'forgot'}")
+    assert forgot.returncode == 1 and "Traceback" not in forgot.stderr
+    assert forgot.stderr.startswith(f"error: resume={tmp_path / 'a'}: its run trained with other settings: "
+                                    "model.shared_trunk true (here false), ppo.normalize_values true (here false). "
+                                    "Continue it with its own overrides: python train.py ")
+    assert not list((tmp_path / "forgot").glob("events.out.tfevents.*"))
+    suggested = shlex.split(forgot.stderr.split("own overrides: ")[1].split("; or set")[0])
+    assert suggested[:2] == ["python", "train.py"] and "total_timesteps=1024" in suggested
+    # A task changed on purpose whose model cannot take the checkpoint's weights: one line naming a tensor.
+    other_task = run_train(*suggested[2:], "env.id=Hopper-v4", f"hydra.run.dir={tmp_path / 'other_task'}")
+    assert other_task.returncode == 1 and len(other_task.stderr.strip().splitlines()) == 1
+    assert other_task.stderr.startswith("error: resume: the checkpoint's model does not fit this env/model config "
+                                        "(size mismatch for ")
+    # That command, and a learning rate changed on purpose: it continues the run and says so.
+    second = run_train(*suggested[2:], "ppo.learning_rate=0.001", f"hydra.run.dir={tmp_path / 'b'}")
     assert second.returncode == 0, second.stderr
+    assert "resumed with settings changed on purpose: ppo.learning_rate 0.0003 -> 0.001" in second.stdout
     after = torch.load(resolve_checkpoint(str(tmp_path / "b")), weights_only=False)
     assert (before["global_step"], after["global_step"]) == (512, 1024)
     assert after["iteration"] == before["iteration"] + 2
@@ -81,7 +99,8 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     # the value statistics travelled too, and took at most the two iterations' 2 x 4 x 64 returns
     assert 0 < after["value_normalizer"]["count"] - before["value_normalizer"]["count"] <= 512
     # A resume whose total the checkpoint already reaches would train nothing: one line, no new run.
-    again = run_train(*common, "total_timesteps=1000", f"resume={tmp_path / 'b'}", f"hydra.run.dir={tmp_path / 'c'}")
+    again = run_train(*common, "total_timesteps=1000", "ppo.learning_rate=0.001", f"resume={tmp_path / 'b'}",
+                      f"hydra.run.dir={tmp_path / 'c'}")
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert again.stderr.strip() == (f"error: resume={tmp_path / 'b'}: its checkpoint is at step 1,024, which "
                                     "already reaches `total_timesteps` (1,000); set it higher to train on")
@@ -175,5 +194,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert "stopped by signal" in out and "finished at step" not in out
     run_dirs = [p.parent for p in tmp_path.rglob("checkpoints")]
     assert len(run_dirs) == 1
+    # The stop line gives the command that continues the run: its own overrides, then resume=.
+    go_on = shlex.split(out.split("to go on: ")[1].splitlines()[0])
+    assert go_on[:2] == ["python", "train.py"] and go_on[-1] == f"resume={run_dirs[0]}"
+    assert "env=InvertedPendulum-v4" in go_on and ("seed=1" in go_on) == sweep
+    assert not any(arg.startswith("hydra.") for arg in go_on)
     checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
