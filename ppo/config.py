@@ -237,10 +237,11 @@ def _validate(s: TrainSettings) -> None:
         positive("ppo.adaptive_lr_kl", s.ppo.adaptive_lr_kl)
     unit("ppo.gamma", s.ppo.gamma)
     unit("ppo.gae_lambda", s.ppo.gae_lambda)
-    if s.ppo.ent_coef < 0 or s.ppo.vf_coef < 0:
-        raise ConfigError("`ppo.ent_coef` and `ppo.vf_coef` must be non-negative")
-    if s.env.num_threads < 0 or s.torch_threads < 0 or s.checkpoint.every < 0:
-        raise ConfigError("`env.num_threads`, `torch_threads` and `checkpoint.every` must be non-negative")
+    for key, value in (("ppo.ent_coef", s.ppo.ent_coef), ("ppo.vf_coef", s.ppo.vf_coef),
+                       ("env.num_threads", s.env.num_threads), ("torch_threads", s.torch_threads),
+                       ("checkpoint.every", s.checkpoint.every)):
+        if value < 0:
+            raise ConfigError(f"`{key}` must be non-negative, got {value}")
     if not s.model.hidden_sizes or any(h <= 0 for h in s.model.hidden_sizes):
         raise ConfigError(
             f"`model.hidden_sizes` must be a non-empty list of positive sizes, got {list(s.model.hidden_sizes)}"

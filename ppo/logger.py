@@ -43,8 +43,10 @@ class RunLogger:
         eta = max(self.total - step, 0) / sps if sps > 0 else math.inf
         done = min(step / self.total, 1.0)
         bar = "#" * round(20 * done) + "." * (20 - round(20 * done))
+        # "-" until an episode has finished (a fresh run's first iterations, or long episodes)
+        recent = f"{self.recent_return:9.2f}" if math.isfinite(self.recent_return) else f"{'-':>9}"
         line = (f"[{bar}] step {step:>{len(str(self.total))},}/{self.total:,} ({100 * step / self.total:5.1f}%) | "
-                f"SPS {sps:,.0f} | return {self.recent_return:9.2f} | ETA {_duration(eta)}")
+                f"SPS {sps:,.0f} | return {recent} | ETA {_duration(eta)}")
         print(line, file=sys.stdout, flush=True)
 
     def close(self) -> None:

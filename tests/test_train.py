@@ -58,12 +58,13 @@ def test_final_step_is_where_the_loop_of_whole_iterations_stops(start, total, pe
 @pytest.mark.parametrize("every_s", [0.0, 3600.0], ids=["last-step-printed-in-loop", "throttled"])
 def test_the_closing_progress_line_is_printed_once(tmp_path, capsys, every_s):
     logger = RunLogger(str(tmp_path), last_step=512, start_step=0, every_s=every_s)
-    logger.progress(256, 1.0)
+    logger.progress(256, None)  # no episode has finished yet
     logger.progress(512, 2.0)  # the loop's last iteration: printed unless throttled
     logger.progress(512, None, final=True)  # after the loop: the 100% line, once
     logger.close()
     lines = capsys.readouterr().out.splitlines()
     assert [line.count("step 512/512 (100.0%)") for line in lines] == [0, 1]
+    assert "| return         - |" in lines[0] and "| return      2.00 |" in lines[1]
 
 
 def test_resume_continues_the_step_count_and_state(tmp_path):
