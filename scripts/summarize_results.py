@@ -135,9 +135,14 @@ def _configuration(path: Path) -> str:
     return experiment + "".join(f" {o}" for o in sorted(others))
 
 
+def env_of(task: str) -> str:
+    """The env id a task starts with (`Ant-v4+ant_10m ppo.gamma=0.9` -> `Ant-v4`)."""
+    return re.split(r"[+ ]", task)[0]
+
+
 def reference(task: str, steps: int) -> tuple[float, str] | None:
     """The public result drawn beside a task; an experiment's runs compare against their env's."""
-    return REFERENCES.get((re.split(r"[+ ]", task)[0], steps))
+    return REFERENCES.get((env_of(task), steps))
 
 
 def _budget(path: Path) -> int | None:

@@ -177,3 +177,28 @@ def test_random_action_statistics_of_the_toy_env(capsys):
     out = capsys.readouterr().out
     assert "reward per step 1.6667" in out  # rewards 1, 2 | 1, 2, 3 | 1 over the valid steps
     assert "terminations 2, truncations 2, mean episode length 2.5" in out
+
+
+def test_compare_pairs_equal_tasks_and_a_config_change_against_its_baseline(tmp_path):
+    # before: the defaults on Hopper and Ant; after: Hopper with another learning rate, Ant as before.
+    for seed in (1, 2):
+        fake_run(tmp_path / "before" / f"hopper{seed}", "Hopper-v4", seed, 100.0 * seed)
+        fake_run(tmp_path / "before" / f"ant{seed}", "Ant-v4", seed, 1000.0)
+        fake_run(tmp_path / "after" / f"hopper{seed}", "Hopper-v4", seed, 200.0 * seed,
+                 overrides=("ppo.learning_rate=0.001",))
+        fake_run(tmp_path / "after" / f"ant{seed}", "Ant-v4", seed, 1000.0)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_results.py"), "--before",
+                             str(tmp_path / "before"), "--after", str(tmp_path / "after")],
+                            check=True, capture_output=True, text=True)
+    rows = result.stdout.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| Ant-v4", "| Hopper-v4 -> Hopper-v4 ppo.learning_rate=0.001"]
+    # scores are 0.8 x the final return (last 100 episodes): Hopper 80, 160 before and 160, 320 after
+    assert "| 120 +- 40 (2) | 240 +- 80 (2) | +120 |" in rows[1]
+
+
+def test_compare_leaves_a_config_change_unpaired_where_its_baseline_is_ambiguous():
+    from compare_results import pair_up
+
+    before = [("Hopper-v4", 10), ("Hopper-v4 ppo.gamma=0.9", 10), ("Ant-v4", 10)]
+    after = [("Hopper-v4 ppo.learning_rate=0.001", 10), ("Ant-v4", 10), ("Ant-v4", 20)]
+    assert pair_up(before, after) == [("Ant-v4", "Ant-v4", 10)]
