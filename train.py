@@ -63,7 +63,7 @@ def main(cfg: DictConfig) -> float:
         print(f"error: resume={settings.resume}: {error}", file=sys.stderr)
         sys.exit(2)
     # Keys this command sets itself (`key=value`): a resume may change those on purpose.
-    given = frozenset(o.lstrip("+~").partition("=")[0] for o in HydraConfig.get().overrides.task)
+    given = frozenset(map(override_key, HydraConfig.get().overrides.task))
     try:
         objective = train(settings, HydraConfig.get().runtime.output_dir, device, given)
     except (NonFiniteLossError, ConfigError) as error:
@@ -246,16 +246,26 @@ def resumed_changes(settings: TrainSettings, checkpoint: dict, given: frozenset[
 
 
 def resume_command(run_dir: str | Path, resume: str | None = None, total_timesteps: int | None = None) -> str:
-    """`python train.py <the run's own overrides> resume=<resume, or the run dir>`, from Hydra's
-    record of the overrides in the run dir (none where it kept no record); `total_timesteps`
+    """`python train.py <the run's own overrides> resume=<resume, or the run dir>`; `total_timesteps`
     replaces the run's own target."""
-    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
-    overrides = [str(o) for o in OmegaConf.load(recorded)] if recorded.is_file() else []
-    dropped = ("hydra.", "resume=") + (("total_timesteps=",) if total_timesteps is not None else ())
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
+    dropped = {"resume"} | ({"total_timesteps"} if total_timesteps is not None else set())
+    kept = [o for o in recorded_overrides(run_dir) if override_key(o) not in dropped]
     if total_timesteps is not None:
         kept.append(f"total_timesteps={total_timesteps}")
     return " ".join(["python train.py", *map(shlex.quote, kept), shlex.quote(f"resume={resume or run_dir}")])
+
+
+def recorded_overrides(run_dir: str | Path) -> list[str]:
+    """The command-line overrides Hydra recorded for a run (`<run dir>/.hydra/overrides.yaml`),
+    without Hydra's own `hydra.*` ones; [] where it kept no record. Scripts read runs through this."""
+    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in OmegaConf.load(recorded)] if recorded.is_file() else []
+    return [o for o in overrides if not override_key(o).startswith("hydra.")]
+
+
+def override_key(override: str) -> str:
+    """The setting or config group a Hydra override names: `+ppo.x=1` -> `ppo.x`, `env=Ant-v4` -> `env`."""
+    return override.lstrip("+~").partition("=")[0]
 
 
 def _yaml(value) -> str:

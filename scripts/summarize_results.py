@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from ppo.config import EXECUTION_KEYS  # noqa: E402
 from ppo.logger import mean_of_last_episodes  # noqa: E402
+from train import override_key, recorded_overrides  # noqa: E402
 
 # Public PPO results at the same budgets (mean return), drawn as a line on each plot.
 REFERENCES: dict[tuple[str, int], tuple[float, str]] = {
@@ -121,16 +122,12 @@ POOLED_KEYS = EXECUTION_KEYS | {"seed", "env", "env.id"}
 def _configuration(path: Path) -> str:
     """What the run's overrides (`.hydra/overrides.yaml`) add to its env file: `+<experiment>`, then
     each learning override as ` key=value`, sorted; "" for a run of the env file's defaults."""
-    overrides = path / ".hydra" / "overrides.yaml"
-    if not overrides.is_file():
-        return ""
     experiment, others = "", []
-    for line in overrides.read_text().splitlines():
-        override = line.strip().removeprefix("- ").strip().strip("'\"")
-        key, _, value = override.lstrip("+~").partition("=")
+    for override in recorded_overrides(path):
+        key, value = override_key(override), override.partition("=")[2]
         if key == "experiment":
             experiment = f"+{value}"
-        elif key and key not in POOLED_KEYS and not key.startswith(("hydra.", "checkpoint.")):
+        elif key and key not in POOLED_KEYS and not key.startswith("checkpoint."):
             others.append(f"{key}={value}")
     return experiment + "".join(f" {o}" for o in sorted(others))
 

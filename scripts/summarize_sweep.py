@@ -17,18 +17,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from summarize_results import find_runs, format_sps, mean_sps  # noqa: E402
 
+from train import recorded_overrides  # noqa: E402
+
 COLUMNS = ["run", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
-
-
-def overrides_of(run_dir: Path) -> str:
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return ""
-    items = [line.removeprefix("- ").strip() for line in path.read_text().splitlines() if line.startswith("- ")]
-    return " ".join(item for item in items if not item.startswith("hydra."))
 
 
 def main() -> None:
@@ -38,7 +32,8 @@ def main() -> None:
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
-    rows = sorted(({"run": r.path.name, "overrides": overrides_of(r.path), "final_return": round(r.score, 2),
+    rows = sorted(({"run": r.path.name, "overrides": " ".join(recorded_overrides(r.path)),
+                    "final_return": round(r.score, 2),
                     "steps": r.final_step, "sps": mean_sps([r]),
                     "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
                   key=lambda row: -row["final_return"] if row["final_return"] == row["final_return"] else 0)
