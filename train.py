@@ -144,9 +144,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         # Whole iterations: say where the run really ends when that is past the requested count.
         past = (f" (whole iterations of {steps_per_iteration:,}: it ends at {last_step:,})"
                 if last_step > settings.total_timesteps else "")
-        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups} x "
-              f"{workers.world_size} workers) on {device}{paths} for {settings.total_timesteps:,} steps{past}; "
-              f"run dir {run_dir}", flush=True)
+        per_worker = f" x {workers.world_size} workers" if workers.world_size > 1 else ""
+        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups}{per_worker}) "
+              f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}", flush=True)
         if fast_paths:  # the first progress line comes only after this
             # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.
             takes = ("~25 s on an H200 host" if device.type == "cuda"
