@@ -79,9 +79,9 @@ def our_sps(settings, device: torch.device, warmup: int) -> tuple[float, dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--iterations", type=int, default=20, help="measured iterations (after warm-up)")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="iterations run before timing (compiles, graph captures)")
     parser.add_argument("--cleanrl", choices=("both", "cleanrl-layout", "our-layout", "none"), default="both",
                         help="which CleanRL-style baselines to run (see above)")
     parser.add_argument("--skip-cleanrl", action="store_true", help="same as --cleanrl none")

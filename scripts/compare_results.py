@@ -64,8 +64,8 @@ def welch_t(a: np.ndarray, b: np.ndarray) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, nargs="+", required=True)
-    parser.add_argument("--after", type=Path, nargs="+", required=True)
+    parser.add_argument("--before", type=Path, nargs="+", required=True, help="run dirs, or folders holding them")
+    parser.add_argument("--after", type=Path, nargs="+", required=True, help="run dirs, or folders holding them")
     parser.add_argument("--tasks", nargs="*", help="only these tasks (default: those both sets have)")
     args = parser.parse_args()
     before, after = scores_by_task(args.before), scores_by_task(args.after)

@@ -88,10 +88,10 @@ def take_evenly(per_env: list[list[float]], count: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a run dir or a checkpoint file")
-    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to average (default: 10)")
     parser.add_argument("--num-envs", type=int, default=None, help="default: the run's env.num_envs")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--seed", type=int, default=12345, help="seeds the envs (default: 12345, not a training seed)")
     parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
                         help="simulate with this backend instead of the run's env.backend")
     args = parser.parse_args()

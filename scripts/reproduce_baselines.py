@@ -46,16 +46,20 @@ def commands(args) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--tasks", nargs="+", default=TASKS)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--ant-10m-seeds", nargs="*", type=int, default=[1, 2, 3])
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
+    parser.add_argument("--tasks", nargs="+", default=TASKS,
+                        help="configs/env/ names for the 1M runs (default: all six)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the 1M runs (default: 1 2 3)")
+    parser.add_argument("--ant-10m-seeds", nargs="*", type=int, default=[1, 2, 3],
+                        help="seeds of the 10M Ant-v4 runs, made if --tasks has Ant-v4 (default: 1 2 3; none: no 10M)")
     parser.add_argument("--ant-10m-experiment", default="ant_10m", choices=EXPERIMENTS,
                         help="configs/experiment/ file for the 10M Ant-v4 runs")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (quick checks)")
-    parser.add_argument("--out", type=Path, default=ROOT / "multirun" / "baselines")
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs")
-    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "multirun" / "baselines",
+                        help="run dirs go here (default: multirun/baselines)")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs",
+                        help="results.md and results/ go here (default: docs)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
     for command in commands(args):
         print("$", shlex.join(command), flush=True)

@@ -27,7 +27,7 @@ COLUMNS = ["run", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("sweep_dir", type=Path, help="a multirun dir (multirun/<date>)")
     args = parser.parse_args()
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
