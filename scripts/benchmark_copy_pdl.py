@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0) or triton_gae.gdc_wait is None:
-        sys.exit("benchmark_copy_pdl.py needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.3")
+        sys.exit("benchmark_copy_pdl.py needs a CUDA GPU of compute capability 9.0+ and Triton >= 3.5")
     print(f"# {torch.cuda.get_device_name()}: device us, back to back; time-major GAE")
     print(f"{'N x T':>12} {'torch copy':>10} {'copy':>7} {'copy pdl':>8} {'gae':>7} {'%torch':>6} {'%pdl':>6}")
     for spec in args.shapes:

@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10, help="episodes to average (default: 10)")
     parser.add_argument("--num-envs", type=int, default=None, help="default: the run's env.num_envs")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    parser.add_argument("--seed", type=int, default=12345, help="seeds the envs (default: 12345, not a training seed)")
+    parser.add_argument("--seed", type=int, default=12345,
+                        help="seeds the envs (default: 12345, apart from the training seeds)")
     parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
                         help="simulate with this backend instead of the run's env.backend")
     args = parser.parse_args()
