@@ -7,8 +7,10 @@ reward 0 and the first observation of the new episode. `ppo.collect` relies on e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 from typing import Protocol
 
@@ -64,10 +66,19 @@ def check_env_id(settings: EnvSettings) -> None:
     raise ConfigError(f"unknown environment id {settings.id!r} for env.backend={settings.backend}{hint}.{suggestion}")
 
 
+def import_envpool():
+    """`import envpool`, quietly: envpool 0.8.4 (the last release for Python 3.10) imports the old
+    `gym`, which prints a four-line notice about itself to stderr on import. Nothing here uses gym,
+    and the notice would push a run's one-line errors down. Import errors still raise."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        import envpool
+    return envpool
+
+
 def _known_ids(backend: str) -> set[str]:
     if backend == "envpool":
         try:
-            import envpool
+            envpool = import_envpool()
         except ImportError:
             return set()
         return set(envpool.list_all_envs())
@@ -85,8 +96,7 @@ def simulator_version(backend: str) -> str:
     so the version is asked of the extension itself.
     """
     if backend == "envpool":
-        import envpool
-
+        envpool = import_envpool()
         name = f"envpool {envpool.__version__}"
         mujoco = _envpool_mujoco_version(os.path.dirname(envpool.__file__))
     else:
@@ -227,8 +237,11 @@ class EnvpoolEnvs(_TensorEnvs):
     them to the OS."""
 
     def __init__(self, settings: EnvSettings, device: torch.device, seed: int, first_cpu: int = -1):
-        import envpool
-
+        envpool = import_envpool()
+        if envpool.__version__.startswith("0.") and not np.__version__.startswith("1."):
+            # Built against numpy 1, envpool 0.8.4 hands back wrong env ids beside numpy 2 (all 0).
+            raise ConfigError(f"envpool {envpool.__version__} needs numpy < 2 (here {np.__version__}): "
+                              "pip install 'numpy<2', or use Python >= 3.11 and envpool >= 1.2.5")
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
                            num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
         super().__init__(env, settings.num_envs, env.observation_space, env.action_space, device)

@@ -2,14 +2,16 @@
 bootstraps and the advantages that come out, computed by hand."""
 
 import os
+import types
 
+import numpy as np
 import pytest
 import torch
 
 from buffers import RolloutBuffer
 from ppo.collect import Collector
-from ppo.config import EnvSettings
-from ppo.envs import make_envs
+from ppo.config import ConfigError, EnvSettings
+from ppo.envs import EnvpoolEnvs, import_envpool, make_envs
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.toy_env import TOY_ID, register_toy_envs
 
@@ -150,10 +152,23 @@ def test_episodes_continue_across_windows():
 
 def _envpool_has(env_id: str) -> bool:
     try:
-        import envpool
+        envpool = import_envpool()
     except ImportError:
         return False
     return env_id in envpool.list_all_envs()
+
+
+def test_envpool_0_8_beside_numpy_2_is_refused_before_it_returns_wrong_env_ids(monkeypatch):
+    # envpool 0.8.4 (Python 3.10's last) was built against numpy 1: beside numpy 2 it reported every
+    # env id as 0 (seen on Python 3.10 with numpy 2.2.6). The run must stop with a fix, not start.
+    fake = types.SimpleNamespace(__version__="0.8.4", make=lambda *args, **kwargs: pytest.fail("make was called"))
+    monkeypatch.setattr("ppo.envs.import_envpool", lambda: fake)
+    monkeypatch.setattr(np, "__version__", "2.2.6")
+    with pytest.raises(ConfigError, match=r"envpool 0.8.4 needs numpy < 2 \(here 2.2.6\)"):
+        EnvpoolEnvs(EnvSettings(id="Ant-v4", num_envs=2, backend="envpool"), torch.device("cpu"), seed=0)
+    monkeypatch.setattr(np, "__version__", "1.26.4")
+    with pytest.raises(pytest.fail.Exception, match="make was called"):  # numpy 1 goes on to make the envs
+        EnvpoolEnvs(EnvSettings(id="Ant-v4", num_envs=2, backend="envpool"), torch.device("cpu"), seed=0)
 
 
 # CI's envpool has Pendulum-v1; the GPU host's bundled build carries only the MuJoCo tasks.
