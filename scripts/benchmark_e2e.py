@@ -41,13 +41,12 @@ from omegaconf import OmegaConf  # noqa: E402
 
 import train  # noqa: E402
 from ppo.config import EnvSettings, resolve_device, settings_from_dict  # noqa: E402
-from ppo.envs import envpool_threads, pins_threads  # noqa: E402
+from ppo.envs import envpool_threads, import_envpool, pins_threads  # noqa: E402
 from ppo.update import compiles  # noqa: E402
 
 
 def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> float:
-    import envpool
-
+    envpool = import_envpool()
     envs = envpool.make(env.id, env_type="gymnasium", num_envs=env.num_envs, seed=seed,
                         num_threads=envpool_threads(env), thread_affinity_offset=0 if pinned else -1)
     num_envs = env.num_envs

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import EnvSettings  # noqa: E402
-from ppo.envs import envpool_threads  # noqa: E402
+from ppo.envs import envpool_threads, import_envpool  # noqa: E402
 
 
 def main() -> None:
@@ -46,8 +46,7 @@ def main() -> None:
     parser.add_argument("--gap-us", type=float, default=0.0,
                         help="idle gap of modes (f) and (g); 0: the agent's mean time per step in mode (d)")
     args = parser.parse_args()
-    import envpool
-
+    envpool = import_envpool()
     torch.set_num_threads(1)
     threads = envpool_threads(EnvSettings(id=args.env_id, num_envs=args.num_envs, num_threads=args.num_threads))
     envs = envpool.make(args.env_id, env_type="gymnasium", num_envs=args.num_envs, seed=1, num_threads=threads,

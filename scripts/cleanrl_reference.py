@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ppo.agent import Agent
+from ppo.envs import import_envpool
 
 
 class NumpyRunningMeanStd:
@@ -33,8 +34,7 @@ def cleanrl_style_sps(env_id: str, num_envs: int, num_steps: int, num_iterations
                       device: torch.device, num_minibatches: int = 32, update_epochs: int = 10,
                       gamma: float = 0.99, gae_lambda: float = 0.95, seed: int = 1) -> float:
     """Steady-state steps/s of the reference loop over `num_iterations` after the warm-up ones."""
-    import envpool
-
+    envpool = import_envpool()
     envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
     obs_dim, act_dim = envs.observation_space.shape[0], envs.action_space.shape[0]
     agent = Agent(obs_dim, act_dim).to(device)
