@@ -11,11 +11,11 @@ from kernels import compute_gae
 @pytest.fixture(params=["reference", "kernel"])
 def device(request, monkeypatch):
     """The device to put tensors on; with "reference", compute_gae is forced onto the torch path."""
+    if request.param == "reference":
+        request.getfixturevalue("gae_by_reference")
+        return "cpu"
     # An empty cache of planned calls: what runs a signature was decided under the other setting.
     monkeypatch.setattr(kernels.gae, "_runs", {})
-    if request.param == "reference":
-        monkeypatch.setattr(kernels.gae, "_INTERPRET", False)
-        return "cpu"
     if torch.cuda.is_available():
         return "cuda"
     assert kernels.gae._INTERPRET, "conftest sets TRITON_INTERPRET=1 on machines without CUDA"

@@ -163,12 +163,16 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
 
 
 @pytest.mark.slow
-def test_inverted_pendulum_learns_within_150k_steps(tmp_path):
+def test_inverted_pendulum_learns_within_150k_steps(tmp_path, gae_by_reference):
     import train
 
+    # GAE by the pure-torch reference, as a CPU run outside the tests has it: under Triton's
+    # interpreter (conftest's TRITON_INTERPRET=1) this run took 132 s instead of about 70. The kernel
+    # is checked against that reference in tests/test_gae_*.py, and runs inside train.py in the smoke runs.
     settings = settings_from_dict({"total_timesteps": 150_000, "device": "cpu", "seed": 1,
                                    "env": {"id": "InvertedPendulum-v4", "num_envs": 64}})
     final_return = train.train(settings, str(tmp_path), torch.device("cpu"))
+    assert gae_by_reference._runs and all(run is gae_by_reference._reference for run in gae_by_reference._runs.values())
     assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"
 
 
