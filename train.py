@@ -19,6 +19,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -57,21 +58,38 @@ def main(cfg: DictConfig) -> float:
         if settings.resume:
             resolve_checkpoint(settings.resume)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(f"error: {error}", 2)
     except FileNotFoundError as error:  # only the resume checkpoint is looked up above
-        print(f"error: resume={settings.resume}: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(f"error: resume={settings.resume}: {error}", 2)
     # Keys this command sets itself (`key=value`): a resume may change those on purpose.
     given = frozenset(map(override_key, HydraConfig.get().overrides.task))
     try:
         objective = train(settings, HydraConfig.get().runtime.output_dir, device, given)
-    except (NonFiniteLossError, ConfigError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except ConfigError as error:  # raised before training starts (a resume that does not fit)
+        refuse(f"error: {error}", 1)
+    except NonFiniteLossError:  # train() has said why, in the run's train.log too
         sys.exit(1)
     if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
         sys.exit(0)
     return objective
+
+
+def refuse(message: str, code: int) -> None:
+    """A command that fails its checks before training: print `message`, remove the run dir Hydra
+    made for it (it holds nothing but Hydra's `.hydra/` record of the command, so a typo leaves no
+    empty run behind), and exit with `code`."""
+    print(message, file=sys.stderr)
+    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
+    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".hydra"]:
+        shutil.rmtree(run_dir / ".hydra")
+        run_dir.rmdir()
+        # Then the parents this command made (runs/<env.id>/ for a mistyped id) while they are empty,
+        # inside the working directory only.
+        cwd, parent = Path.cwd().resolve(), run_dir.parent
+        while cwd in parent.parents and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    sys.exit(code)
 
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device, given: frozenset[str] = frozenset()) -> float:
@@ -145,21 +163,20 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         past = (f" (whole iterations of {steps_per_iteration:,}: it ends at {last_step:,})"
                 if last_step > settings.total_timesteps else "")
         per_worker = f" x {workers.world_size} workers" if workers.world_size > 1 else ""
-        print(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups}{per_worker}) "
-              f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}", flush=True)
+        logger.say(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups}{per_worker}) "
+                   f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}")
         if fast_paths:  # the first progress line comes only after this
             # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.
             takes = ("~25 s on an H200 host" if device.type == "cuda"
                      else "~25 s on a 2-core CPU, about a minute on the H200 host's slow cores")
             compile_time = (f" (torch.compile takes {takes}; seconds once cached)"
                             if "compiled update" in fast_paths else "")
-            print(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}",
-                  flush=True)
+            logger.say(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}")
         if fallback:
-            print(fallback, flush=True)
+            logger.say(fallback)
         if changed:
-            print("resumed with settings changed on purpose: " + ", ".join(
-                f"{key} {_yaml(old)} -> {_yaml(new)}" for key, old, new in changed), flush=True)
+            logger.say("resumed with settings changed on purpose: " + ", ".join(
+                f"{key} {_yaml(old)} -> {_yaml(new)}" for key, old, new in changed))
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
     try:
         while global_step < last_step and not stop.agreed(device):
@@ -213,13 +230,16 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
             path = save_checkpoint(run_dir, state())
             logger.progress(global_step, None, final=True)
             if stop.requested:
-                print(f"stopped by signal at step {global_step:,}; checkpoint {path}; to go on: "
-                      f"{resume_command(run_dir)}", flush=True)
+                logger.say(f"stopped by signal at step {global_step:,}; checkpoint {path}; to go on: "
+                           f"{resume_command(run_dir)}")
             else:
                 final = mean_of_last_episodes(recent)
                 score = (f"mean return of the last 100 episodes {final:.1f} (CleanRL's metric)" if math.isfinite(final)
                          else "no episode finished")
-                print(f"finished at step {global_step:,}: {score}; logs and checkpoint in {run_dir}", flush=True)
+                logger.say(f"finished at step {global_step:,}: {score}; logs and checkpoint in {run_dir}")
+    except NonFiniteLossError as error:
+        logger.say(f"error: {error}", sys.stderr)
+        raise
     finally:
         envs.close()
         logger.close()

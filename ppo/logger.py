@@ -1,10 +1,15 @@
-"""TensorBoard scalars with CleanRL's tags, and a console progress line (steps, SPS, return, ETA)."""
+"""TensorBoard scalars with CleanRL's tags, and a console progress line (steps, SPS, return, ETA).
+
+What the run prints also goes to `<run dir>/train.log`, so a run dir keeps its own story: a sweep's
+jobs share one console, and a job on a cluster may have none.
+"""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
+from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
@@ -12,11 +17,15 @@ from torch.utils.tensorboard import SummaryWriter
 class RunLogger:
     """With `enabled=False` (data-parallel workers other than rank 0) it writes and prints nothing."""
 
+    LOG_FILE = "train.log"
+
     def __init__(self, run_dir: str, last_step: int, start_step: int, every_s: float = 2.0,
                  enabled: bool = True):
         """`last_step`: where the run will stop (`final_step`), so the bar ends at 100%."""
         self.enabled = enabled
         self.writer = SummaryWriter(run_dir) if enabled else None
+        # Appended to: a resume into the same dir (hydra.run.dir=...) continues the file.
+        self.log_file = open(Path(run_dir) / self.LOG_FILE, "a", encoding="utf-8") if enabled else None
         self.total, self.every_s = last_step, every_s
         self.start_time, self.start_step = time.time(), start_step
         self.last_print, self.printed_step = 0.0, None
@@ -27,6 +36,14 @@ class RunLogger:
             return
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
+
+    def say(self, line: str, stream=None) -> None:
+        """Print `line` (to stdout, or `stream`) and append it to the run's train.log, time-stamped."""
+        if not self.enabled:
+            return
+        print(line, file=stream or sys.stdout, flush=True)
+        self.log_file.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
+        self.log_file.flush()
 
     def sps(self, step: int) -> float:
         return (step - self.start_step) / max(time.time() - self.start_time, 1e-9)
@@ -47,11 +64,12 @@ class RunLogger:
         recent = f"{self.recent_return:9.2f}" if math.isfinite(self.recent_return) else f"{'-':>9}"
         line = (f"[{bar}] step {step:>{len(str(self.total))},}/{self.total:,} ({100 * step / self.total:5.1f}%) | "
                 f"SPS {sps:,.0f} | return {recent} | ETA {_duration(eta)}")
-        print(line, file=sys.stdout, flush=True)
+        self.say(line)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.log_file.close()
 
 
 def final_step(start_step: int, total_timesteps: int, steps_per_iteration: int) -> int:

@@ -19,9 +19,9 @@ from tests.toy_env import TOY_NAN_ID, register_toy_envs
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_train(*overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *overrides], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+def run_train(*overrides: str, timeout: int = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
@@ -37,6 +37,9 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     assert "compiled update" not in result.stdout, "ppo.compile=auto must not compile a short CPU run"
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
+    # train.log keeps what the console showed, each line time-stamped.
+    logged = [line.split("] ", 1)[1] for line in (tmp_path / "train.log").read_text().splitlines()]
+    assert logged == result.stdout.splitlines()
     checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 2
     # The simulator build is part of what a result depends on: run_info names it, MuJoCo included.
@@ -138,11 +141,24 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("env.backend=brax", "error: `env.backend` must be envpool or gymnasium"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
 ])
-def test_errors_are_one_line_without_traceback(override, message):
-    result = run_train(override, "device=cpu", timeout=120)
+def test_errors_are_one_line_without_traceback(tmp_path, override, message):
+    # Run from an empty dir, so that the default run dir (runs/<env.id>/seed1_<date>) lands in it.
+    result = run_train(override, "device=cpu", timeout=120, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().startswith(message), result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir()), "a command that fails its checks leaves no run dir behind"
+
+
+def test_a_refused_command_removes_only_the_run_dir_it_made(tmp_path):
+    kept = tmp_path / "runs" / "Ant-v4" / "seed1_earlier"  # another run beside it, in the same parent
+    kept.mkdir(parents=True)
+    result = run_train("ppo.num_minibatches=3", "device=cpu", timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "ppo.num_minibatches" in result.stderr
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_dir()) == [tmp_path / "runs", kept.parent, kept]
+    outside = tmp_path / "given"  # hydra.run.dir outside the working directory: the dir alone goes
+    assert run_train("ppo.num_minibatches=3", f"hydra.run.dir={outside}", timeout=120).returncode == 2
+    assert not outside.exists() and kept.is_dir()
 
 
 def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -160,6 +176,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert failed_at > 1  # rewards turn NaN after 40 env steps
     good = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
     assert good["iteration"] == failed_at - 1 and all(v.isfinite().all() for v in good["agent"].values())
+    assert (tmp_path / "train.log").read_text().splitlines()[-1].endswith(f"] error: {error.value}")
 
 
 @pytest.mark.slow
