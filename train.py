@@ -5,7 +5,8 @@
     python train.py -m env=Ant-v4,Hopper-v4 seed=1,2,3  # a sweep: one run dir per job
     torchrun --nproc_per_node=2 train.py env=Ant-v4      # data parallel: 2 workers, gradients averaged
 
-Each run writes its resolved config (.hydra/), TensorBoard events and checkpoints into its run dir.
+Each run writes its resolved config (.hydra/), TensorBoard events, checkpoints and train.log (what
+it printed) into its run dir; a command refused before training leaves none.
 The story of a run: settings -> environments, agent, buffer -> (collect, advantages, update, log,
 checkpoint) until `total_timesteps` -> the final checkpoint.
 """
