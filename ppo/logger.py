@@ -29,6 +29,7 @@ class RunLogger:
         self.total, self.every_s = last_step, every_s
         self.start_time, self.start_step = time.time(), start_step
         self.last_print, self.printed_step = 0.0, None
+        self.first_iteration_end: tuple[float, int] | None = None  # (time, step) at the first progress call
         self.recent_return = math.nan
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
@@ -46,17 +47,30 @@ class RunLogger:
         self.log_file.flush()
 
     def sps(self, step: int) -> float:
+        """CleanRL's `charts/SPS`: every step of this process over all its time, warm-up included."""
         return (step - self.start_step) / max(time.time() - self.start_time, 1e-9)
+
+    def recent_sps(self, step: int, now: float) -> float:
+        """The console's rate, for SPS and ETA: the steps since the first iteration. That one holds
+        the one-off warm-up (CUDA graphs, compiles): 10.7 s of a 100k-step Hopper run on the H200,
+        whose other iterations ran at 45,875 steps/s and whose `sps` ended at 7,798
+        (docs/benchmarks.md, session 51). `sps` until a second iteration is in."""
+        if self.first_iteration_end is None or step <= self.first_iteration_end[1]:
+            return self.sps(step)
+        start_time, start_step = self.first_iteration_end
+        return (step - start_step) / max(now - start_time, 1e-9)
 
     def progress(self, step: int, episodic_return: float | None, final: bool = False) -> None:
         """One line at most every `every_s`; `final` forces the line for `step` unless it is already out."""
         if episodic_return is not None:
             self.recent_return = episodic_return
         now = time.time()
+        if self.first_iteration_end is None:  # the loop calls this after every iteration
+            self.first_iteration_end = (now, step)
         if not self.enabled or (not final and now - self.last_print < self.every_s) or step == self.printed_step:
             return
         self.last_print, self.printed_step = now, step
-        sps = self.sps(step)
+        sps = self.recent_sps(step, now)
         eta = max(self.total - step, 0) / sps if sps > 0 else math.inf
         done = min(step / self.total, 1.0)
         bar = "#" * round(20 * done) + "." * (20 - round(20 * done))

@@ -70,6 +70,21 @@ def test_the_closing_progress_line_is_printed_once(tmp_path, capsys, every_s):
     assert "| return         - |" in lines[0] and "| return      2.00 |" in lines[1]
 
 
+def test_the_console_rate_leaves_out_the_first_iteration(tmp_path, capsys, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("ppo.logger.time.time", lambda: clock[0])
+    logger = RunLogger(str(tmp_path), last_step=20_480, start_step=0, every_s=0.0)
+    clock[0] += 12.0  # a first iteration of 2,048 steps with 12 s of one-off warm-up
+    logger.progress(2_048, None)
+    clock[0] += 1.0  # then 9 iterations a second
+    logger.progress(20_480, None)
+    assert logger.sps(20_480) == pytest.approx(20_480 / 13)  # charts/SPS: CleanRL's, over all the time
+    logger.close()
+    first, last = capsys.readouterr().out.splitlines()
+    assert "| SPS 171 |" in first and "ETA 1m48s" in first  # all there is to go on after one iteration
+    assert "| SPS 18,432 |" in last and "ETA 0m00s" in last
+
+
 def test_resume_continues_the_step_count_and_state(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",
