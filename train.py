@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 import numpy as np
@@ -75,7 +76,7 @@ def main(cfg: DictConfig) -> float:
     return objective
 
 
-def refuse(message: str, code: int) -> None:
+def refuse(message: str, code: int) -> NoReturn:
     """A command that fails its checks before training: print `message`, remove the run dir Hydra
     made for it (it holds nothing but Hydra's `.hydra/` record of the command, so a typo leaves no
     empty run behind), and exit with `code`."""
