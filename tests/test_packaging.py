@@ -1,0 +1,30 @@
+"""The Docker image holds what a run needs. CI has no Docker engine to build it, so a package added to
+pyproject.toml but not copied into the image would only show as an ImportError on a user's GPU host."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    return [tuple(line.split(maxsplit=1)) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_the_image_copies_every_package_the_configs_train_py_and_the_scripts():
+    declared = re.search(r"^packages = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared, "pyproject.toml lists its packages under [tool.setuptools]"
+    copied = {source for op, args in dockerfile_instructions() if op == "COPY" for source in args.split()[:-1]}
+    # pip reads README.md too: it is pyproject's `readme`.
+    needed = set(ast.literal_eval(declared.group(1))) | {"configs", "scripts", "train.py", "pyproject.toml",
+                                                         "README.md"}
+    assert needed <= copied, f"not copied into the image: {sorted(needed - copied)}"
+
+
+def test_the_image_has_a_c_compiler_for_triton_and_trains_by_default():
+    installs = " ".join(args for op, args in dockerfile_instructions() if op == "RUN" and "apt-get install" in args)
+    assert re.search(r"\bgcc\b", installs), "Triton builds its launcher with a C compiler on first use"
+    entrypoint = [args for op, args in dockerfile_instructions() if op == "ENTRYPOINT"]
+    assert entrypoint and ast.literal_eval(entrypoint[-1])[:2] == ["python", "train.py"]
