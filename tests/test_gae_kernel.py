@@ -128,13 +128,17 @@ def test_extreme_discounts(gamma, lam):
     assert_matches_oracle(random_rollout(7, 127, device=DEVICE, seed=6), gamma=gamma, lam=lam)
 
 
-@pytest.mark.parametrize("density", [0.0, 0.05, 1.0])
 # Both layouts for each shape but (37, 1000, 64), whose point is time-major: 16 chunks a row in 8-env
 # tiles whose last row block is partly masked. Env-major it ran 37 x 16 one-row programs, 22 s each
 # under the interpreter, for chunked rows that (1, 1000, 16) and (7, 127, *) already cover.
-@pytest.mark.parametrize("num_envs,num_steps,max_block_t,time_major",
-                         [(n, t, b, major) for n, t, b in [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (3, 33, 32)]
-                          for major in (False, True)] + [(37, 1000, 64, True)],
+# Every density for each but (7, 127, 2) time-major: 448 one-row programs of 64 chunks, 13 s a density
+# under the interpreter. Its 0.05 has walks both long and cut short; at 0 and 1 the same strided one-row
+# tiles run in (7, 127, 16), and walks of 63 chunks in (1, 1000, 16).
+@pytest.mark.parametrize("num_envs,num_steps,max_block_t,time_major,density",
+                         [(n, t, b, major, d) for n, t, b in [(1, 1000, 16), (7, 127, 2), (7, 127, 16), (3, 33, 32)]
+                          for major in (False, True) for d in (0.0, 0.05, 1.0)
+                          if d == 0.05 or (n, t, b, major) != (7, 127, 2, True)]
+                         + [(37, 1000, 64, True, d) for d in (0.0, 0.05, 1.0)],
                          ids=lambda v: {False: "env_major", True: "time_major"}.get(v) if isinstance(v, bool) else None)
 def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, time_major, density):
     block_n, block_t, num_chunks, grid, _ = plan(num_envs, num_steps, time_major, max_block_t)
@@ -145,10 +149,13 @@ def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, time_maj
 
 
 @pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
-# Every density with the windows the plan uses; the 32-chunk window (unrolled 32 times, the slowest
-# case under the interpreter) at one density.
-@pytest.mark.parametrize("window,density", [(w, d) for w in (1, 4) for d in (0.0, 0.05, 1.0)] + [(32, 0.05)])
-@pytest.mark.parametrize("inclusive_every", [3, 1 << 20])
+# Every density with the windows the plan uses, walks that stop at a chunk that published (every third)
+# and walks that never meet one. The 32-chunk window (unrolled 32 times, the slowest case under the
+# interpreter) at one density, on the long walk only: where every third chunk publishes, a walk reads at
+# most two chunks and masks the rest of its window, as it does with the 4-chunk window.
+@pytest.mark.parametrize("inclusive_every,window,density",
+                         [(i, w, d) for i in (3, 1 << 20) for w in (1, 4) for d in (0.0, 0.05, 1.0)]
+                         + [(1 << 20, 32, 0.05)])
 def test_look_back_walks_compose_windows_of_aggregates(inclusive_every, window, density, time_major):
     # Most chunks withhold their start advantage, so the look-back must compose the maps of later
     # chunks, a window at a time, up to one that published it (every third chunk), a done flag, or
