@@ -152,7 +152,7 @@ def test_chunked_rows_match_reference(num_envs, num_steps, max_block_t, time_maj
 # Every density with the windows the plan uses, walks that stop at a chunk that published (every third)
 # and walks that never meet one. The 32-chunk window (unrolled 32 times, the slowest case under the
 # interpreter) at one density, on the long walk only: where every third chunk publishes, a walk reads at
-# most two chunks and masks the rest of its window, as it does with the 4-chunk window.
+# most three chunks and masks the rest of its window, as it does with the 4-chunk window.
 @pytest.mark.parametrize("inclusive_every,window,density",
                          [(i, w, d) for i in (3, 1 << 20) for w in (1, 4) for d in (0.0, 0.05, 1.0)]
                          + [(1 << 20, 32, 0.05)])
