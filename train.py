@@ -108,7 +108,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     # iteration on 2 cores, docs/benchmarks.md).
     torch.set_num_threads(settings.torch_threads or 1)
     seed_everything(settings.seed)  # the same initial weights on every worker
-    checkpoint = load_checkpoint(resolve_checkpoint(settings.resume), device) if settings.resume else None
+    resumed_from = resolve_checkpoint(settings.resume) if settings.resume else None
+    checkpoint = load_checkpoint(resumed_from, device) if resumed_from else None
     iteration = checkpoint["iteration"] if checkpoint else 0
     global_step = checkpoint["global_step"] if checkpoint else 0
     if global_step >= settings.total_timesteps:  # a resume that would train nothing is a forgotten override
@@ -156,7 +157,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator)
 
     if workers.is_main:
-        write_run_info(run_dir, settings, device, workers.world_size)
+        # A resume writes a new run dir: say (and record) which checkpoint it continues, and from where.
+        resumed = {"resumed_from": str(resumed_from.resolve()), "resumed_at_step": global_step} if checkpoint else {}
+        write_run_info(run_dir, settings, device, workers.world_size, resumed)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
                                             ("compiled update", compiled_loss)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""
@@ -176,6 +179,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
             logger.say(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}")
         if fallback:
             logger.say(fallback)
+        if checkpoint:
+            logger.say(f"resumed from {resumed_from} at step {global_step:,} (iteration {iteration})")
         if changed:
             logger.say("resumed with settings changed on purpose: " + ", ".join(
                 f"{key} {_yaml(old)} -> {_yaml(new)}" for key, old, new in changed))
@@ -297,15 +302,17 @@ def _yaml(value) -> str:
     return f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else str(value)
 
 
-def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, workers: int = 1) -> None:
-    """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/)."""
+def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, workers: int = 1,
+                   resumed: dict | None = None) -> None:
+    """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/); `resumed`:
+    the checkpoint a resumed run continues and its step."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     cpu = cpu_name()
     hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
     info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
             "simulator": simulator_version(settings.env.backend), "env_groups": env_groups(settings.env, device),
-            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})"}
+            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})", **(resumed or {})}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run_info.json").write_text(json.dumps(info, indent=1))
 

@@ -111,6 +111,13 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     second = run_train(*suggested[2:], "ppo.learning_rate=0.001", f"hydra.run.dir={tmp_path / 'b'}")
     assert second.returncode == 0, second.stderr
     assert "resumed with settings changed on purpose: ppo.learning_rate 0.0003 -> 0.001" in second.stdout
+    # The new run dir says what it continues, on the console, in train.log and in run_info.json.
+    source = resolve_checkpoint(str(tmp_path / "a"))
+    said = f"resumed from {source} at step 512 (iteration {before['iteration']})"
+    assert said in second.stdout.splitlines() and said in (tmp_path / "b" / "train.log").read_text()
+    info = json.loads((tmp_path / "b" / "run_info.json").read_text())
+    assert (info["resumed_from"], info["resumed_at_step"]) == (str(source.resolve()), 512)
+    assert "resumed_from" not in json.loads((tmp_path / "a" / "run_info.json").read_text())
     after = torch.load(resolve_checkpoint(str(tmp_path / "b")), weights_only=False)
     assert (before["global_step"], after["global_step"]) == (512, 1024)
     assert after["iteration"] == before["iteration"] + 2
