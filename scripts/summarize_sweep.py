@@ -6,13 +6,15 @@ Final return: the average over (about) the last 100 training episodes, as train.
 SPS and wall-clock as in summarize_results.py: from each process's first to its last logged
 iteration ("-" for a run of one iteration).
 Writes sweep_summary.csv and sweep_summary.png into the multirun dir and prints the table, best
-first.
+first within each task (a sweep over several envs ranks each env's runs among themselves: returns
+of different tasks do not compare).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from summarize_results import find_runs, format_sps, mean_sps  # noqa: E402
 
 from train import recorded_overrides  # noqa: E402
 
-COLUMNS = ["run", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
+COLUMNS = ["run", "env", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
 
 
 def main() -> None:
@@ -32,11 +34,11 @@ def main() -> None:
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
-    rows = sorted(({"run": r.path.name, "overrides": " ".join(recorded_overrides(r.path)),
-                    "final_return": round(r.score, 2),
+    rows = sorted(({"run": r.path.name, "env": json.loads((r.path / "run_info.json").read_text())["env_id"],
+                    "overrides": " ".join(recorded_overrides(r.path)), "final_return": round(r.score, 2),
                     "steps": r.final_step, "sps": mean_sps([r]),
                     "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
-                  key=lambda row: -row["final_return"] if row["final_return"] == row["final_return"] else 0)
+                  key=rank)
     with (args.sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
@@ -47,6 +49,12 @@ def main() -> None:
     for row in rows:
         sps, wall = format_sps(row["sps"]), row["wall_clock_s"]
         print(f"{row['run']:{width}}  {row['final_return']:12.2f}  {sps:>7}  {wall:7.1f}  {row['overrides']}")
+
+
+def rank(row: dict) -> tuple[str, float]:
+    """Grouped by env, best first within each; runs with no finished episode (NaN) last."""
+    score = row["final_return"]
+    return row["env"], -score if score == score else float("inf")
 
 
 def plot(runs, path: Path) -> None:

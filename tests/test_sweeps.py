@@ -51,3 +51,15 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Joblib" in result.stdout + result.stderr
     assert len(list(tmp_path.glob("*/checkpoints/last.pt"))) == 2
+
+
+def test_the_sweep_summary_ranks_runs_within_each_env():
+    # Returns of different tasks do not compare: a sweep over envs ranks each env's runs among
+    # themselves, and a run with no finished episode (NaN) comes last in its env.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from summarize_sweep import rank
+
+    rows = [{"run": run, "env": env, "final_return": score} for run, env, score in [
+        ("a", "Hopper-v4", 900.0), ("b", "Ant-v4", 50.0), ("c", "Hopper-v4", float("nan")),
+        ("d", "Ant-v4", 3000.0), ("e", "Hopper-v4", 2000.0)]]
+    assert [row["run"] for row in sorted(rows, key=rank)] == ["d", "b", "e", "a", "c"]
