@@ -263,22 +263,23 @@ def _validate(s: TrainSettings) -> None:
     check_device_name(s.device)
 
 
-def check_device_name(name: str) -> None:
+def check_device_name(name: str, setting: str = "device") -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", name):
-        raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise ConfigError(f"`{setting}` must be auto, cpu, cuda or cuda:N, got {name!r}")
 
 
-def resolve_device(name: str):
+def resolve_device(name: str, setting: str = "device"):
     """The `torch.device` a `device` setting names (`auto`: CUDA if available), or a ConfigError
-    when it names a GPU this machine does not have."""
+    when it names a GPU this machine does not have. `setting`: how the caller's user spells the
+    option in the error (train.py's `device`, a script's `--device`)."""
     import torch  # here, so that this module stays torch-free for the code that only checks settings
 
-    check_device_name(name)
+    check_device_name(name, setting)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"`device={name}` but CUDA is not available here (try device=cpu)")
+        raise ConfigError(f"`{setting}={name}` but CUDA is not available here (try {setting}=cpu)")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"`device={name}` but this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise ConfigError(f"`{setting}={name}` but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device

@@ -40,7 +40,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import train  # noqa: E402
-from ppo.config import EnvSettings, resolve_device, settings_from_dict  # noqa: E402
+from ppo.config import ConfigError, EnvSettings, resolve_device, settings_from_dict  # noqa: E402
 from ppo.envs import envpool_threads, import_envpool, pins_threads  # noqa: E402
 from ppo.update import compiles  # noqa: E402
 
@@ -88,7 +88,10 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device, "--device")
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     if config["ppo"]["compile"] == "auto":
         # What `auto` means for the configured run (on a CPU it depends on the run's length), not for
         # the few iterations measured here.

@@ -101,8 +101,9 @@ def main() -> None:
     if args.num_envs is not None and args.num_envs < 1:
         parser.error(f"--num-envs must be at least 1, got {args.num_envs}")
     try:
-        returns = torch.tensor(evaluate(args.checkpoint, args.episodes, resolve_device(args.device), args.seed,
-                                        args.num_envs, args.backend), dtype=torch.float64)
+        device = resolve_device(args.device, "--device")
+        returns = torch.tensor(evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend),
+                               dtype=torch.float64)
     except FileNotFoundError as error:
         sys.exit(f"error: {args.checkpoint}: {error}")
     except ConfigError as error:  # e.g. a backend that does not have the run's task

@@ -46,7 +46,9 @@ def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
     (["{missing}"], "error: {missing}: no checkpoint at {missing}"),
     (["{tmp}", "--episodes", "0"], "--episodes must be at least 1, got 0"),
     (["{tmp}", "--num-envs", "-2"], "--num-envs must be at least 1, got -2"),
-    (["{missing}", "--device", "gpu"], "`device` must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["{missing}", "--device", "gpu"], "`--device` must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    # no GPU here, or fewer than eight on a GPU host: either way the option as the script spells it
+    (["{missing}", "--device", "cuda:7"], "error: `--device=cuda:7` but "),
 ])
 def test_bad_arguments_are_one_line_errors_not_tracebacks(tmp_path, args, message):
     paths = {"tmp": str(tmp_path), "missing": str(tmp_path / "no_such_run")}
