@@ -22,8 +22,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from ppo.config import ConfigError, check_device_name, resolve_device  # noqa: E402
+
 TASKS = ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4", "InvertedPendulum-v4"]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
+ENV_FILES = sorted(p.stem for p in (ROOT / "configs" / "env").glob("*.yaml"))
 
 
 def commands(args) -> list[list[str]]:
@@ -47,8 +51,8 @@ def commands(args) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    parser.add_argument("--tasks", nargs="+", default=TASKS,
-                        help="configs/env/ names for the 1M runs (default: all six)")
+    parser.add_argument("--tasks", nargs="+", default=TASKS, choices=ENV_FILES, metavar="TASK",
+                        help="configs/env/ names for the 1M runs (default: the six -v4 tasks)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the 1M runs (default: 1 2 3)")
     parser.add_argument("--ant-10m-seeds", nargs="*", type=int, default=[1, 2, 3],
                         help="seeds of the 10M Ant-v4 runs, made if --tasks has Ant-v4 (default: 1 2 3; none: no 10M)")
@@ -61,10 +65,19 @@ def main() -> None:
                         help="results.md and results/ go here (default: docs)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
+    if not args.scale > 0:
+        parser.error(f"--scale must be positive, got {args.scale}")
+    # Bad input fails here, before hours of jobs, not in the first job's output.
+    try:
+        check_device_name(args.device, "--device")
+        if not args.dry_run:  # a dry run may print a GPU host's commands anywhere
+            resolve_device(args.device, "--device")
+    except ConfigError as error:
+        parser.error(str(error))
     for command in commands(args):
         print("$", shlex.join(command), flush=True)
-        if not args.dry_run:
-            subprocess.run(command, cwd=ROOT, check=True)
+        if not args.dry_run and (status := subprocess.run(command, cwd=ROOT).returncode):
+            sys.exit(f"error: that command exited with status {status} (its output is above); stopped there")
 
 
 if __name__ == "__main__":

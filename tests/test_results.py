@@ -166,6 +166,38 @@ def test_reproduction_takes_another_10m_experiment_and_rejects_unknown_ones():
     assert result.returncode == 2 and "invalid choice: 'ant_1m'" in result.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "Hoper-v4"], "argument --tasks: invalid choice: 'Hoper-v4'"),
+    (["--scale", "0"], "--scale must be positive, got 0.0"),
+    (["--device", "gpu", "--dry-run"], "`--device` must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    # no GPU here, or fewer than eight on a GPU host: refused before any job starts
+    (["--device", "cuda:7", "--tasks", "Hopper-v4"], "error: `--device=cuda:7` but "),
+])
+def test_reproduction_refuses_bad_arguments_before_any_job(tmp_path, args, message):
+    # --out and --docs in tmp_path: were a refusal to regress, its jobs and summary land there, not in docs/
+    where = ["--out", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs")]
+    result = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", *args, *where], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert "$ " not in result.stdout  # no command printed, so none ran
+
+
+def test_a_failed_reproduction_job_stops_the_rest_with_one_line(tmp_path, monkeypatch):
+    reproduce_baselines = pytest.importorskip("reproduce_baselines")
+    ran = []
+
+    def fails(command, cwd):
+        ran.append(command)
+        return subprocess.CompletedProcess(command, returncode=3)
+
+    monkeypatch.setattr(reproduce_baselines.subprocess, "run", fails)
+    monkeypatch.setattr(sys, "argv", ["reproduce_baselines.py", "--device", "cpu", "--tasks", "Hopper-v4",
+                                      "--out", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs")])
+    with pytest.raises(SystemExit, match=r"^error: that command exited with status 3 \(its output is above\)"):
+        reproduce_baselines.main()
+    assert len(ran) == 1 and "env=Hopper-v4" in ran[0]  # the summary after it did not run
+
+
 def test_random_action_statistics_of_the_toy_env(capsys):
     # The toy env's 8 steps from reset (tests/test_collect.py): two valid episodes per env (lengths 2
     # and 3, one terminated, one truncated) and two autoreset dummies, which are left out.
