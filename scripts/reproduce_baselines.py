@@ -9,7 +9,9 @@ InvertedPendulum (-v4) for 1M steps x 3 seeds; and Ant-v4 for 10M steps with a 1
 configs/experiment/, 3 seeds (`--ant-10m-experiment`: ant_10m, the default, rl_games' values, which
 scored higher and trained faster on the H200 host; or ant_10m_adaptive, CleanRL's values with
 rl_games' KL-adaptive rate; CleanRL's own annealed rate collapses over 10M steps; docs/results.md);
-then scripts/summarize_results.py writes docs/results/baselines.csv, docs/results.md and the plots.
+then scripts/summarize_results.py writes results.md, results/baselines.csv and the plots into --out,
+beside the runs, so that they compare with the project's docs/results.md rather than replace it
+(that file pools every machine's runs and says how each ran; `--docs docs` writes there anyway).
 Jobs run one after another (Hydra's basic launcher); each has its own run dir under --out.
 """
 
@@ -61,10 +63,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every step budget (quick checks)")
     parser.add_argument("--out", type=Path, default=ROOT / "multirun" / "baselines",
                         help="run dirs go here (default: multirun/baselines)")
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs",
-                        help="results.md and results/ go here (default: docs)")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="results.md and results/ go here (default: --out; the project's own: docs)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
+    args.docs = args.docs or args.out
     if not args.scale > 0:
         parser.error(f"--scale must be positive, got {args.scale}")
     # Bad input fails here, before hours of jobs, not in the first job's output.

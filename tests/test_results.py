@@ -152,7 +152,9 @@ def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
     ant_10m = lines[1].split()
     assert "env=Ant-v4" in ant_10m and "+experiment=ant_10m" in ant_10m and "seed=1,2,3" in ant_10m
     assert not any(word.startswith("total_timesteps") for word in ant_10m)  # the experiment sets 10M
-    assert "summarize_results.py" in lines[2]
+    # the summary goes beside the runs: docs/results.md (every machine's runs, and notes) stays as it is
+    runs = str(ROOT / "multirun" / "baselines")
+    assert lines[2].split()[-3:] == [runs, "--out", runs]
 
 
 def test_reproduction_takes_another_10m_experiment_and_rejects_unknown_ones():
