@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--after", type=Path, nargs="+", required=True, help="run dirs, or folders holding them")
     parser.add_argument("--tasks", nargs="*", help="only these tasks (default: those both sets have)")
     args = parser.parse_args()
+    missing = [str(path) for path in args.before + args.after if not path.exists()]
+    if missing:  # else a mistyped path reads as a set with no runs in common
+        parser.error(f"no such dir: {', '.join(missing)}")
     before, after = scores_by_task(args.before), scores_by_task(args.after)
     pairs = pair_up(list(before), list(after))
     if args.tasks:

@@ -228,6 +228,10 @@ def test_compare_pairs_equal_tasks_and_a_config_change_against_its_baseline(tmp_
     assert [row.split(" | ")[0] for row in rows] == ["| Ant-v4", "| Hopper-v4 -> Hopper-v4 ppo.learning_rate=0.001"]
     # scores are 0.8 x the final return (last 100 episodes): Hopper 80, 160 before and 160, 320 after
     assert "| 120 +- 40 (2) | 240 +- 80 (2) | +120 |" in rows[1]
+    # a mistyped dir is named, not read as a set that shares no task with the other
+    typo = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_results.py"), "--before",
+                           str(tmp_path / "before"), "--after", str(tmp_path / "aftr")], capture_output=True, text=True)
+    assert typo.returncode == 2 and f"error: no such dir: {tmp_path / 'aftr'}" in typo.stderr
 
 
 def test_compare_leaves_a_config_change_unpaired_where_its_baseline_is_ambiguous():
