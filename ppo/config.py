@@ -189,6 +189,8 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"`{key}` must be true or false, got {value!r}")
     elif isinstance(default, int):
+        if isinstance(value, float) and value.is_integer():  # `total_timesteps=1e6`: YAML reads a float
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"`{key}` must be an integer, got {value!r}")
     elif isinstance(default, float) or annotation == "float | None":

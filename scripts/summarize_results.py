@@ -147,7 +147,7 @@ def _budget(path: Path) -> int | None:
     if config.is_file():
         for line in config.read_text().splitlines():
             if line.startswith("total_timesteps:"):
-                return int(line.split(":", 1)[1])
+                return int(float(line.split(":", 1)[1]))  # `total_timesteps=1e6` is recorded as 1000000.0
     return None
 
 

@@ -50,6 +50,7 @@ def test_any_env_id_without_a_file():
     ("ppo.gamma=1.5", r"`ppo.gamma` must be in \[0, 1\], got 1.5"),
     ("ppo.learning_rate=-1", "`ppo.learning_rate` must be positive"),
     ("total_timesteps=abc", "`total_timesteps` must be an integer"),
+    ("total_timesteps=1.5", r"`total_timesteps` must be an integer, got 1.5"),  # not a whole number of steps
     ("model.hidden_sizes=[]", "`model.hidden_sizes` must be a non-empty list"),
     ("+ppo.clip_cof=0.1", "unknown setting `ppo.clip_cof`"),
     ("ppo.compile=yes", "`ppo.compile` must be true, false or auto, got 'yes'"),
@@ -61,6 +62,13 @@ def test_any_env_id_without_a_file():
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_settings(*override.split())
+
+
+def test_whole_numbers_written_as_floats_count_as_integers():
+    # YAML reads `1e6` as a float; a whole number of steps is meant, and the settings hold an int.
+    settings = compose_settings("total_timesteps=1e6", "env.num_envs=8.0")
+    assert (settings.total_timesteps, settings.env.num_envs) == (1_000_000, 8)
+    assert all(type(v) is int for v in (settings.total_timesteps, settings.env.num_envs))
 
 
 def test_a_resume_compares_learning_settings_only():

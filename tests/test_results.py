@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 summarize_results = pytest.importorskip("summarize_results")
 
 
-def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int = 10_000,
+def fake_run(path: Path, task: str, seed: int, final_return: float, budget: float = 10_000,
              overrides: tuple[str, ...] = (), hardware: str = "test box", simulator: str | None = None) -> None:
     """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
     path.mkdir(parents=True)
@@ -37,7 +37,7 @@ def fake_run(path: Path, task: str, seed: int, final_return: float, budget: int 
 def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     for seed, final in ((1, 100.0), (2, 200.0)):
         fake_run(tmp_path / "runs" / f"hopper{seed}", "Hopper-v4", seed, final)
-    fake_run(tmp_path / "runs" / "pendulum", "InvertedPendulum-v4", 1, 50.0)
+    fake_run(tmp_path / "runs" / "pendulum", "InvertedPendulum-v4", 1, 50.0, budget=1e4)  # `total_timesteps=1e4`
     fake_run(tmp_path / "runs" / "unfinished", "Hopper-v4", 3, 1e6, budget=20_000)  # stopped at 10k of 20k
     out = tmp_path / "docs"
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(tmp_path / "runs"),
@@ -51,6 +51,7 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     assert float(rows["Hopper-v4"]["std"]) == pytest.approx(40.0)
     assert rows["Hopper-v4"]["seeds"] == "2" and rows["Hopper-v4"]["steps"] == "10000"
     assert float(rows["InvertedPendulum-v4"]["mean"]) == pytest.approx(40.0)
+    assert rows["InvertedPendulum-v4"]["steps"] == "10000"  # its config recorded the budget as 10000.0
     assert rows["Hopper-v4"]["hardware"] == "test box"
     assert (out / "results" / "Hopper-v4_10000.png").stat().st_size > 1000
     assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
