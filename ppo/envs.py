@@ -53,7 +53,14 @@ class VecEnv(Protocol):
 
 
 def check_env_id(settings: EnvSettings) -> None:
-    """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`."""
+    """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`
+    (or, for envpool, is not installed: else every id would read as unknown)."""
+    if settings.backend == "envpool":
+        try:
+            import_envpool()
+        except ImportError as error:
+            raise ConfigError(f"env.backend=envpool, but envpool does not import here ({error}); it has wheels for "
+                              "Linux x86-64 only: pip install envpool, or add env.backend=gymnasium") from error
     known = _known_ids(settings.backend)
     if settings.id in known:
         return

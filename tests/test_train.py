@@ -172,6 +172,18 @@ def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     assert not list(tmp_path.iterdir()), "a command that fails its checks leaves no run dir behind"
 
 
+def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
+    # Off Linux x86-64 pip installs no envpool: the default backend must say so, not call Ant-v4 unknown.
+    from ppo.config import ConfigError, EnvSettings
+    from ppo.envs import check_env_id
+
+    monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` raises ImportError
+    with pytest.raises(ConfigError, match=r"^env.backend=envpool, but envpool does not import here \(.*\); it has "
+                                          "wheels for Linux x86-64 only: pip install envpool, or add env.backend=gym"):
+        check_env_id(EnvSettings(id="Ant-v4", backend="envpool"))
+    check_env_id(EnvSettings(id="Ant-v4", backend="gymnasium"))  # the other backend is untouched
+
+
 def test_a_refused_command_removes_only_the_run_dir_it_made(tmp_path):
     kept = tmp_path / "runs" / "Ant-v4" / "seed1_earlier"  # another run beside it, in the same parent
     kept.mkdir(parents=True)
