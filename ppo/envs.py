@@ -52,25 +52,26 @@ class VecEnv(Protocol):
     def close(self) -> None: ...
 
 
-def check_env_id(settings: EnvSettings) -> None:
+def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
     """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`
-    (or, for envpool, is not installed: else every id would read as unknown)."""
+    (or, for envpool, is not installed: else every id would read as unknown). `option`: how the
+    caller's user picks a backend (train.py's `env.backend=`, evaluate.py's `--backend `)."""
     if settings.backend == "envpool":
         try:
             import_envpool()
         except ImportError as error:
-            raise ConfigError(f"env.backend=envpool, but envpool does not import here ({error}); it has wheels for "
-                              "Linux x86-64 only: pip install envpool, or add env.backend=gymnasium") from error
+            raise ConfigError(f"{option}envpool, but envpool does not import here ({error}); it has wheels for "
+                              f"Linux x86-64 only: pip install envpool, or add {option}gymnasium") from error
     known = _known_ids(settings.backend)
     if settings.id in known:
         return
     other = "gymnasium" if settings.backend == "envpool" else "envpool"
     hint = ""
     if settings.id in _known_ids(other):
-        hint = f"; {other} has it: add env.backend={other}"
+        hint = f"; {other} has it: add {option}{other}"
     close = difflib.get_close_matches(settings.id, sorted(known), n=4, cutoff=0.5)
     suggestion = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise ConfigError(f"unknown environment id {settings.id!r} for env.backend={settings.backend}{hint}.{suggestion}")
+    raise ConfigError(f"unknown environment id {settings.id!r} for {option}{settings.backend}{hint}.{suggestion}")
 
 
 def import_envpool():

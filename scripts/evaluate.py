@@ -34,7 +34,7 @@ def load_policy(checkpoint_path: str, device: torch.device, seed: int, **env_ove
     saved["resume"] = None
     settings = settings_from_dict(saved)
     env_settings = dataclasses.replace(settings.env, **env_overrides)
-    check_env_id(env_settings)
+    check_env_id(env_settings, "--backend ")
     envs = make_envs(env_settings, device, seed)
     agent = make_agent(envs.obs_dim, envs.act_dim, settings.model).to(device)
     agent.load_state_dict(checkpoint["agent"])

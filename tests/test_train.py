@@ -14,7 +14,7 @@ import torch
 from ppo.checkpoint import resolve_checkpoint
 from ppo.config import settings_from_dict
 from ppo.logger import RunLogger, final_step
-from tests.toy_env import TOY_NAN_ID, register_toy_envs
+from tests.toy_env import TOY_ID, TOY_NAN_ID, register_toy_envs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,11 +177,18 @@ def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
     from ppo.config import ConfigError, EnvSettings
     from ppo.envs import check_env_id
 
+    # scripts/evaluate.py picks a backend with --backend: its errors say so
+    register_toy_envs()  # gymnasium alone knows the toy env
+    with pytest.raises(ConfigError, match=rf"^unknown environment id '{TOY_ID}' for --backend envpool; gymnasium "
+                                          "has it: add --backend gymnasium\\."):
+        check_env_id(EnvSettings(id=TOY_ID, backend="envpool"), "--backend ")
     monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` raises ImportError
     with pytest.raises(ConfigError, match=r"^env.backend=envpool, but envpool does not import here \(.*\); it has "
                                           "wheels for Linux x86-64 only: pip install envpool, or add env.backend=gym"):
         check_env_id(EnvSettings(id="Ant-v4", backend="envpool"))
     check_env_id(EnvSettings(id="Ant-v4", backend="gymnasium"))  # the other backend is untouched
+    with pytest.raises(ConfigError, match=r"^--backend envpool, but .* or add --backend gymnasium$"):
+        check_env_id(EnvSettings(id="Ant-v4", backend="envpool"), "--backend ")
 
 
 def test_a_refused_command_removes_only_the_run_dir_it_made(tmp_path):
