@@ -168,7 +168,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         past = (f" (whole iterations of {steps_per_iteration:,}: it ends at {last_step:,})"
                 if last_step > settings.total_timesteps else "")
         per_worker = f" x {workers.world_size} workers" if workers.world_size > 1 else ""
-        logger.say(f"training {settings.env.id} ({settings.env.backend}, {envs.num_envs} envs{groups}{per_worker}) "
+        count = f"{envs.num_envs} env" + "s" * (envs.num_envs != 1)
+        logger.say(f"training {settings.env.id} ({settings.env.backend}, {count}{groups}{per_worker}) "
                    f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}")
         if fast_paths:  # the first progress line comes only after this
             # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.
