@@ -189,11 +189,29 @@ def _make_simulator(settings: EnvSettings, device: torch.device, seed: int, firs
     return GymnasiumEnvs(settings, device)
 
 
+def check_spaces(env_id: str, observation_space, action_space) -> None:
+    """The agent is an MLP with a Gaussian policy: it needs a Box of observations (flattened) and a
+    1-D Box of actions. Anything else (CartPole's Discrete actions, a Dict of observations) fails
+    here with one line, not deep inside the first step."""
+    from gymnasium.spaces import Box
+
+    if not (isinstance(action_space, Box) and len(action_space.shape) == 1):
+        raise ConfigError(f"{env_id} acts in {action_space}: PPO here trains continuous control, which needs a "
+                          "1-D Box of actions (a MuJoCo task such as Ant-v4)")
+    if not isinstance(observation_space, Box):
+        raise ConfigError(f"{env_id} observes {observation_space}: the agent's MLP needs a Box of observations")
+
+
 class _TensorEnvs:
     """Shared plumbing around a gymnasium-API vector env (`self.env`): numpy in and out of the
     simulator, torch on the run's device."""
 
-    def __init__(self, env, num_envs: int, observation_space, action_space, device: torch.device):
+    def __init__(self, env, env_id: str, num_envs: int, observation_space, action_space, device: torch.device):
+        try:
+            check_spaces(env_id, observation_space, action_space)
+        except ConfigError:
+            env.close()
+            raise
         self.env, self.num_envs, self.device = env, num_envs, device
         self.members = [self]
         self.obs_dim = int(np.prod(observation_space.shape))
@@ -252,7 +270,7 @@ class EnvpoolEnvs(_TensorEnvs):
                               "pip install 'numpy<2', or use Python >= 3.11 and envpool >= 1.2.5")
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
                            num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
-        super().__init__(env, settings.num_envs, env.observation_space, env.action_space, device)
+        super().__init__(env, settings.id, settings.num_envs, env.observation_space, env.action_space, device)
         self._env_ids = np.arange(settings.num_envs, dtype=np.int32)
 
     def send(self, actions: torch.Tensor) -> None:
@@ -279,7 +297,8 @@ class GymnasiumEnvs(_TensorEnvs):
             settings.id, num_envs=settings.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP},
         )
-        super().__init__(env, settings.num_envs, env.single_observation_space, env.single_action_space, device)
+        super().__init__(env, settings.id, settings.num_envs, env.single_observation_space, env.single_action_space,
+                         device)
 
 
 class StepOutputs:

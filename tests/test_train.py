@@ -191,6 +191,28 @@ def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
         check_env_id(EnvSettings(id="Ant-v4", backend="envpool"), "--backend ")
 
 
+def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
+    from gymnasium.spaces import Box, Dict, Discrete
+
+    from ppo.config import ConfigError
+    from ppo.envs import check_spaces
+
+    result = run_train("env.id=CartPole-v1", "env.backend=gymnasium", "device=cpu", timeout=120, cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: CartPole-v1 acts in Discrete(2): PPO here trains continuous control, which needs a 1-D Box of "
+        "actions (a MuJoCo task such as Ant-v4)")
+    assert not list(tmp_path.iterdir()), "a command that fails its checks leaves no run dir behind"
+    box = Box(-1.0, 1.0, (3,))
+    check_spaces("Fine-v0", Box(-1.0, 1.0, (2, 5)), box)  # observations are flattened: any Box will do
+    with pytest.raises(ConfigError, match=r"^Grid-v0 acts in Box\(-1.0, 1.0, \(2, 2\)"):
+        check_spaces("Grid-v0", box, Box(-1.0, 1.0, (2, 2)))
+    with pytest.raises(ConfigError, match=r"^Goal-v0 observes Dict\(.*the agent's MLP needs a Box of observations$"):
+        check_spaces("Goal-v0", Dict({"observation": box}), box)
+    with pytest.raises(ConfigError, match=r"^Pick-v0 acts in Discrete\(4\)"):
+        check_spaces("Pick-v0", box, Discrete(4))
+
+
 def test_a_refused_command_removes_only_the_run_dir_it_made(tmp_path):
     kept = tmp_path / "runs" / "Ant-v4" / "seed1_earlier"  # another run beside it, in the same parent
     kept.mkdir(parents=True)
