@@ -157,7 +157,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator)
 
     if workers.is_main:
-        # A resume writes a new run dir: say (and record) which checkpoint it continues, and from where.
+        # A resumed run writes a new run dir unless told its own: say (and record) what it continues.
         resumed = {"resumed_from": str(resumed_from.resolve()), "resumed_at_step": global_step} if checkpoint else {}
         write_run_info(run_dir, settings, device, workers.world_size, resumed)
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
@@ -171,6 +171,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         count = f"{envs.num_envs} env" + "s" * (envs.num_envs != 1)
         logger.say(f"training {settings.env.id} ({settings.env.backend}, {count}{groups}{per_worker}) "
                    f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}")
+        if checkpoint:
+            logger.say(f"resumed from {resumed_from} at step {global_step:,} (iteration {iteration})")
         if fast_paths:  # the first progress line comes only after this
             # Cold-cache compile times as measured (docs/benchmarks.md): a CPU compile's time follows its cores.
             takes = ("~25 s on an H200 host" if device.type == "cuda"
@@ -180,8 +182,6 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
             logger.say(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}")
         if fallback:
             logger.say(fallback)
-        if checkpoint:
-            logger.say(f"resumed from {resumed_from} at step {global_step:,} (iteration {iteration})")
         if changed:
             logger.say("resumed with settings changed on purpose: " + ", ".join(
                 f"{key} {_yaml(old)} -> {_yaml(new)}" for key, old, new in changed))
