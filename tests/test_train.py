@@ -177,18 +177,20 @@ def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
     from ppo.config import ConfigError, EnvSettings
     from ppo.envs import check_env_id
 
-    # scripts/evaluate.py picks a backend with --backend: its errors say so
-    register_toy_envs()  # gymnasium alone knows the toy env
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "envpool", None)  # `import envpool` raises ImportError
+        with pytest.raises(ConfigError, match=r"^env.backend=envpool, but envpool does not import here \(.*\); it "
+                                              "has wheels for Linux x86-64 only: pip install envpool, or add "
+                                              "env.backend=gymnasium$"):
+            check_env_id(EnvSettings(id="Ant-v4", backend="envpool"))
+        check_env_id(EnvSettings(id="Ant-v4", backend="gymnasium"))  # the other backend is untouched
+        # scripts/evaluate.py picks a backend with --backend: its errors say so
+        with pytest.raises(ConfigError, match=r"^--backend envpool, but .* or add --backend gymnasium$"):
+            check_env_id(EnvSettings(id="Ant-v4", backend="envpool"), "--backend ")
+    register_toy_envs()  # gymnasium alone knows the toy env: the unknown-id error in evaluate.py's words
     with pytest.raises(ConfigError, match=rf"^unknown environment id '{TOY_ID}' for --backend envpool; gymnasium "
                                           "has it: add --backend gymnasium\\."):
         check_env_id(EnvSettings(id=TOY_ID, backend="envpool"), "--backend ")
-    monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` raises ImportError
-    with pytest.raises(ConfigError, match=r"^env.backend=envpool, but envpool does not import here \(.*\); it has "
-                                          "wheels for Linux x86-64 only: pip install envpool, or add env.backend=gym"):
-        check_env_id(EnvSettings(id="Ant-v4", backend="envpool"))
-    check_env_id(EnvSettings(id="Ant-v4", backend="gymnasium"))  # the other backend is untouched
-    with pytest.raises(ConfigError, match=r"^--backend envpool, but .* or add --backend gymnasium$"):
-        check_env_id(EnvSettings(id="Ant-v4", backend="envpool"), "--backend ")
 
 
 def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
