@@ -215,6 +215,16 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
         check_spaces("Pick-v0", box, Discrete(4))
 
 
+def test_help_shows_examples_every_env_file_and_where_the_keys_are_explained(tmp_path):
+    result = run_train("--help", timeout=120, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("ppo-triton: PPO for continuous control")
+    env_line = next(line for line in result.stdout.splitlines() if line.startswith("env: "))
+    assert env_line[len("env: "):].split(", ") == sorted(p.stem for p in (ROOT / "configs" / "env").glob("*.yaml"))
+    assert 'What each key means: README.md, "Config keys".' in result.stdout
+    assert "\n### Config keys" in (ROOT / "README.md").read_text()  # the pointer names a real section
+    assert not list(tmp_path.iterdir())  # help starts no run
+
+
 def test_a_refused_command_removes_only_the_run_dir_it_made(tmp_path):
     kept = tmp_path / "runs" / "Ant-v4" / "seed1_earlier"  # another run beside it, in the same parent
     kept.mkdir(parents=True)
