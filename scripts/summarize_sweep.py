@@ -44,11 +44,12 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     plot(runs, args.sweep_dir / "sweep_summary.png")
-    width = max(len(row["run"]) for row in rows)
-    print(f"{'run':{width}}  {'final return':>12}  {'SPS':>7}  {'wall s':>7}  overrides")
+    width, env_width = (max(len(row[key]) for row in rows) for key in ("run", "env"))
+    print(f"{'run':{width}}  {'env':{env_width}}  {'final return':>12}  {'SPS':>7}  {'wall s':>7}  overrides")
     for row in rows:
         sps, wall = format_sps(row["sps"]), row["wall_clock_s"]
-        print(f"{row['run']:{width}}  {row['final_return']:12.2f}  {sps:>7}  {wall:7.1f}  {row['overrides']}")
+        print(f"{row['run']:{width}}  {row['env']:{env_width}}  {row['final_return']:12.2f}  {sps:>7}  {wall:7.1f}  "
+              f"{row['overrides']}")
 
 
 def rank(row: dict) -> tuple[str, float]:
