@@ -56,19 +56,18 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
     """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`
     (or, for envpool, is not installed: else every id would read as unknown). `option`: how the
     caller's user picks a backend (train.py's `env.backend=`, evaluate.py's `--backend `)."""
-    if settings.backend == "envpool":
-        try:
-            import_envpool()
-        except ImportError as error:
-            raise ConfigError(f"{option}envpool, but envpool does not import here ({error}); it has wheels for "
-                              f"Linux x86-64 only: pip install envpool, or add {option}gymnasium") from error
-    known = _known_ids(settings.backend)
+    try:
+        known = _known_ids(settings.backend)
+    except ImportError as error:  # only envpool can be missing: gymnasium is a dependency everywhere
+        raise ConfigError(f"{option}envpool, but envpool does not import here ({error}); it has wheels for "
+                          f"Linux x86-64 only: pip install envpool, or add {option}gymnasium") from error
     if settings.id in known:
         return
     other = "gymnasium" if settings.backend == "envpool" else "envpool"
-    hint = ""
-    if settings.id in _known_ids(other):
-        hint = f"; {other} has it: add {option}{other}"
+    try:
+        hint = f"; {other} has it: add {option}{other}" if settings.id in _known_ids(other) else ""
+    except ImportError:  # no envpool here: no hint to give
+        hint = ""
     close = difflib.get_close_matches(settings.id, sorted(known), n=4, cutoff=0.5)
     suggestion = f" Did you mean: {', '.join(close)}?" if close else ""
     raise ConfigError(f"unknown environment id {settings.id!r} for {option}{settings.backend}{hint}.{suggestion}")
@@ -84,12 +83,9 @@ def import_envpool():
 
 
 def _known_ids(backend: str) -> set[str]:
+    """The ids `backend` can make; ImportError where it is not installed."""
     if backend == "envpool":
-        try:
-            envpool = import_envpool()
-        except ImportError:
-            return set()
-        return set(envpool.list_all_envs())
+        return set(import_envpool().list_all_envs())
     import gymnasium
 
     return set(gymnasium.registry.keys())

@@ -50,7 +50,8 @@ CSV_COLUMNS = ["task", "steps", "seeds", "mean", "std", "wall_clock_s", "sps", "
 @dataclass
 class Run:
     path: Path
-    task: str
+    env_id: str
+    task: str  # env_id and the run's learning overrides
     budget: int  # total_timesteps asked for
     seed: int
     hardware: str
@@ -90,7 +91,7 @@ def load_run(path: Path) -> Run | None:
     # build (envpool 1.2.5 against 1.2.7 and gymnasium, docs/results.md), so such runs must not pool.
     # Runs from before it was recorded lack it.
     hardware = "; ".join(filter(None, (info["hardware"], info.get("simulator"))))
-    return Run(path=path, task=task, budget=budget, seed=info["seed"], hardware=hardware,
+    return Run(path=path, env_id=info["env_id"], task=task, budget=budget, seed=info["seed"], hardware=hardware,
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
                final_step=sps[-1].step, wall_clock_s=wall_clock_s, timed_steps=timed_steps)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ def main() -> None:
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
-    rows = sorted(({"run": r.path.name, "env": json.loads((r.path / "run_info.json").read_text())["env_id"],
+    rows = sorted(({"run": r.path.name, "env": r.env_id,
                     "overrides": " ".join(recorded_overrides(r.path)), "final_return": round(r.score, 2),
                     "steps": r.final_step, "sps": mean_sps([r]),
                     "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
