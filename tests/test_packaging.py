@@ -28,3 +28,14 @@ def test_the_image_has_a_c_compiler_for_triton_and_trains_by_default():
     assert re.search(r"\bgcc\b", installs), "Triton builds its launcher with a C compiler on first use"
     entrypoint = [args for op, args in dockerfile_instructions() if op == "ENTRYPOINT"]
     assert entrypoint and ast.literal_eval(entrypoint[-1])[:2] == ["python", "train.py"]
+
+
+def test_ci_runs_the_readme_quick_starts_test_command():
+    # The quick start is two commands from a fresh clone (install and train; install and test), and
+    # CI must run the second as a user would type it, not a variant of its own.
+    block = re.search(r"## Quick start.*?```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README.md has a Quick start with a bash block"
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 2 and "train.py" in commands[0] and "pytest" in commands[1]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert commands[1] in ci, f".ci/run does not run the README's test command: {commands[1]}"
