@@ -38,7 +38,14 @@ from ppo import distributed
 from ppo.agent import make_agent
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
-from ppo.config import ConfigError, TrainSettings, learning_differences, resolve_device, settings_from_dict
+from ppo.config import (
+    ConfigError,
+    TrainSettings,
+    flat_settings,
+    learning_differences,
+    resolve_device,
+    settings_from_dict,
+)
 from ppo.envs import check_env_id, env_groups, make_envs, simulator_version
 from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
@@ -160,6 +167,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         # A resumed run writes a new run dir unless told its own: say (and record) what it continues.
         resumed = {"resumed_from": str(resumed_from.resolve()), "resumed_at_step": global_step} if checkpoint else {}
         write_run_info(run_dir, settings, device, workers.world_size, resumed)
+        logger.settings(global_step, {key: _yaml(value) for key, value in
+                                      flat_settings(dataclasses.asdict(settings)).items()})
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
                                             ("compiled update", compiled_loss)) if on]
         groups = f" in {len(envs.members)} pipelined groups" if len(envs.members) > 1 else ""

@@ -38,6 +38,14 @@ class RunLogger:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
+    def settings(self, step: int, values: dict[str, str]) -> None:
+        """Every setting as a table in TensorBoard's Text tab, under CleanRL's tag `hyperparameters`:
+        runs compared side by side there show what each trained with (the run dir's .hydra/ has it too)."""
+        if not self.enabled:
+            return
+        rows = "".join(f"|{key}|{value}|\n" for key, value in values.items())
+        self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{rows}", step)
+
     def say(self, line: str, stream=None) -> None:
         """Print `line` (to stdout, or `stream`) and append it to the run's train.log, time-stamped."""
         if not self.enabled:

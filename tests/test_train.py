@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ppo.checkpoint import resolve_checkpoint
 from ppo.config import settings_from_dict
@@ -45,6 +46,20 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     # The simulator build is part of what a result depends on: run_info names it, MuJoCo included.
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert re.fullmatch(rf"{backend} [0-9.]+, MuJoCo [0-9]+\.[0-9]+\.[0-9]+", info["simulator"]), info["simulator"]
+    # TensorBoard holds the tags the README lists (CleanRL's), and the settings as CleanRL's text table.
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == readme_tensorboard_tags()
+    (table,) = events.Tensors("hyperparameters/text_summary")
+    rows = table.tensor_proto.string_val[0].decode().splitlines()
+    assert rows[:2] == ["|param|value|", "|-|-|"]
+    assert {"|env.id|Hopper-v4|", "|ppo.num_steps|64|", "|total_timesteps|400|", "|ppo.target_kl|null|",
+            "|model.hidden_sizes|[64,64]|"} <= set(rows)
+
+
+def readme_tensorboard_tags() -> set[str]:
+    section = (ROOT / "README.md").read_text().split("### TensorBoard", 1)[1].split("###", 1)[0]
+    return set(re.findall(r"`((?:charts|losses|time)/\w+)`", section))
 
 
 @pytest.mark.parametrize(("start", "total", "per_iteration", "expected"), [
