@@ -79,7 +79,10 @@ class RunLogger:
             return
         self.last_print, self.printed_step = now, step
         sps = self.recent_sps(step, now)
-        eta = max(self.total - step, 0) / sps if sps > 0 else math.inf
+        # No ETA from the first iteration alone: its one-off warm-up (a compile: ~25 s) would put
+        # hours on the first line of a run that takes minutes.
+        steady = step > self.first_iteration_end[1] and sps > 0
+        eta = max(self.total - step, 0) / sps if steady else 0.0 if step >= self.total else math.inf
         done = min(step / self.total, 1.0)
         bar = "#" * round(20 * done) + "." * (20 - round(20 * done))
         # "-" until an episode has finished (a fresh run's first iterations, or long episodes)
