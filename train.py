@@ -31,6 +31,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from buffers import RolloutBuffer
@@ -378,6 +379,17 @@ def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])
     np.random.set_state(checkpoint["numpy_rng"])
     random.setstate(checkpoint["python_rng"])
+
+
+class SweepEnd(Callback):
+    """After a sweep's last job (configs/train.yaml's `hydra.callbacks`): where its runs are, and the
+    command that ranks them. Hydra itself ends a sweep on the last job's last line."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = len(list(sweep_dir.glob("*/run_info.json")))
+        print(f"sweep finished: {runs} run{'s' * (runs != 1)} in {sweep_dir}; one table and plot of them: "
+              f"python scripts/summarize_sweep.py {shlex.quote(str(sweep_dir))}", flush=True)
 
 
 class StopOnSignal:

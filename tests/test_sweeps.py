@@ -2,6 +2,7 @@
 sweep summary."""
 
 import csv
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,10 @@ def test_optuna_search_runs_and_the_summary_ranks_its_trials(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Best value" in result.stdout + result.stderr
     assert (tmp_path / "optimization_results.yaml").is_file()
-    summary = run("scripts/summarize_sweep.py", str(tmp_path))
+    # The sweep's last line names the command that ranks its trials: run it as printed.
+    said = [line for line in result.stdout.splitlines() if line.startswith("sweep finished: 2 runs in ")]
+    assert said, result.stdout[-2000:]
+    summary = run(*shlex.split(said[-1].split("of them: python ")[1]))
     assert summary.returncode == 0, summary.stderr
     rows = list(csv.DictReader((tmp_path / "sweep_summary.csv").open()))
     assert len(rows) == 2 and all("ppo.learning_rate=" in row["overrides"] for row in rows)
@@ -51,6 +55,7 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Joblib" in result.stdout + result.stderr
     assert len(list(tmp_path.glob("*/checkpoints/last.pt"))) == 2
+    assert f"sweep finished: 2 runs in {tmp_path}; " in result.stdout  # from the launching process
 
 
 def test_the_sweep_summary_ranks_runs_within_each_env():

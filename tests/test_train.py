@@ -171,6 +171,9 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     assert result.returncode == 0, result.stderr
     runs = sorted(p.parent for p in tmp_path.glob("*/checkpoints"))
     assert len(runs) == 2 and all(list(r.glob("events.out.tfevents.*")) for r in runs)
+    # After the last job: where the runs are and the command that ranks them.
+    assert result.stdout.splitlines()[-1] == (f"sweep finished: 2 runs in {tmp_path}; one table and plot of them: "
+                                              f"python scripts/summarize_sweep.py {tmp_path}")
 
 
 @pytest.mark.parametrize("override,message", [
