@@ -164,6 +164,28 @@ def test_a_compiled_cpu_run_resumes_with_its_adam_state(tmp_path):
         assert {float(s["step"]) for s in state.values()} == {8.0 * updates}
 
 
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_a_seed_repeats_its_run_bit_for_bit_and_another_seed_does_not(tmp_path, backend):
+    # docs/results.md repeats runs "to the last digit" and pools seeds as independent draws: on one
+    # machine and build, a seed must give the same run again, and another seed another run.
+    common = ["env=InvertedPendulum-v4", f"env.backend={backend}", "env.num_envs=4", "ppo.num_steps=64",
+              "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=1024", "device=cpu",
+              "checkpoint.every=0"]
+    runs = {}
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        result = run_train(*common, f"seed={seed}", f"hydra.run.dir={tmp_path / name}")
+        assert result.returncode == 0, result.stderr
+        checkpoint = torch.load(resolve_checkpoint(str(tmp_path / name)), weights_only=False)
+        score = result.stdout.split("finished at step 1,024: ")[1].split(";")[0]
+        runs[name] = (checkpoint["agent"], checkpoint["obs_normalizer"]["mean"], score)
+
+    def same(x, y):
+        return all(torch.equal(x[0][k], y[0][k]) for k in x[0]) and torch.equal(x[1], y[1]) and x[2] == y[2]
+
+    assert same(runs["a"], runs["b"]), (runs["a"][2], runs["b"][2])
+    assert not any(torch.equal(runs["a"][0][k], runs["c"][0][k]) for k in runs["a"][0])
+
+
 def test_multirun_makes_one_dir_per_job(tmp_path):
     result = run_train("-m", "env=InvertedPendulum-v4", "seed=1,2", "env.num_envs=4", "ppo.num_steps=64",
                        "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=256", "device=cpu",
