@@ -50,6 +50,8 @@ def host_us(fn, calls: int = 2000) -> float:
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("profile_gae_overhead.py needs a CUDA GPU")
     dev = torch.empty(16, device="cuda")
     ints = [3, 17, 1, 2048, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43, 45]
     rows = [("empty kernel, 1 arg", lambda: _empty_1[(1,)](dev)),

@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--act-dim", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("profile_update.py needs a CUDA GPU")
     device = torch.device("cuda")
     if args.num_warps is not None:
         fused_update.NUM_WARPS[args.precision] = args.num_warps
