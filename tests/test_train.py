@@ -164,12 +164,15 @@ def test_a_compiled_cpu_run_resumes_with_its_adam_state(tmp_path):
         assert {float(s["step"]) for s in state.values()} == {8.0 * updates}
 
 
-@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
-def test_a_seed_repeats_its_run_bit_for_bit_and_another_seed_does_not(tmp_path, backend):
+@pytest.mark.parametrize(("backend", "device"), [
+    ("envpool", "cpu"), ("gymnasium", "cpu"),
+    pytest.param("envpool", "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_seed_repeats_its_run_bit_for_bit_and_another_seed_does_not(tmp_path, backend, device):
     # docs/results.md repeats runs "to the last digit" and pools seeds as independent draws: on one
-    # machine and build, a seed must give the same run again, and another seed another run.
+    # machine and build, a seed must give the same run again, and another seed another run. On CUDA
+    # this holds the CUDA graphs and the fused update step (the defaults there) to it too.
     common = ["env=InvertedPendulum-v4", f"env.backend={backend}", "env.num_envs=4", "ppo.num_steps=64",
-              "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=1024", "device=cpu",
+              "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=1024", f"device={device}",
               "checkpoint.every=0"]
     runs = {}
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
