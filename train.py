@@ -388,8 +388,11 @@ class SweepEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = len(list(sweep_dir.glob("*/run_info.json")))
+        script = Path(__file__).resolve().parent / "scripts" / "summarize_sweep.py"
+        if script.is_relative_to(Path.cwd()):  # as typed from the repo root; else a path that works from here
+            script = script.relative_to(Path.cwd())
         print(f"sweep finished: {runs} run{'s' * (runs != 1)} in {sweep_dir}; one table and plot of them: "
-              f"python scripts/summarize_sweep.py {shlex.quote(str(sweep_dir))}", flush=True)
+              f"python {shlex.quote(str(script))} {shlex.quote(str(sweep_dir))}", flush=True)
 
 
 class StopOnSignal:

@@ -81,8 +81,12 @@ class RunLogger:
         sps = self.recent_sps(step, now)
         # No ETA from the first iteration alone: its one-off warm-up (a compile: ~25 s) would put
         # hours on the first line of a run that takes minutes.
-        steady = step > self.first_iteration_end[1] and sps > 0
-        eta = max(self.total - step, 0) / sps if steady else 0.0 if step >= self.total else math.inf
+        if step >= self.total:
+            eta = 0.0
+        elif step > self.first_iteration_end[1] and sps > 0:
+            eta = (self.total - step) / sps
+        else:
+            eta = math.inf  # printed as "--"
         done = min(step / self.total, 1.0)
         bar = "#" * round(20 * done) + "." * (20 - round(20 * done))
         # "-" until an episode has finished (a fresh run's first iterations, or long episodes)
