@@ -109,6 +109,15 @@ def test_norm_adv_takes_a_scope_or_cleanrl_boolean(value, expected):
     assert compose_settings(f"ppo.norm_adv={value}").ppo.norm_adv == expected
 
 
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml")))
+def test_every_experiment_file_composes_into_valid_settings(experiment):
+    # A preset that no longer composes (a renamed key, a removed env file) fails here, not in a
+    # user's 10M-step run; each changes the run away from the defaults it starts from.
+    settings = compose_settings(f"+experiment={experiment}")
+    assert settings != compose_settings(f"env={settings.env.id}")
+    assert settings.batch_size % settings.ppo.num_minibatches == 0
+
+
 def test_the_ant_10m_experiment_normalises_over_the_batch_as_rl_games():
     assert compose_settings("+experiment=ant_10m").ppo.norm_adv == "batch"
     assert compose_settings().ppo.norm_adv == "minibatch"
