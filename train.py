@@ -254,7 +254,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                 final = mean_of_last_episodes(recent)
                 score = (f"mean return of the last 100 episodes {final:.1f} (CleanRL's metric)" if math.isfinite(final)
                          else "no episode finished")
-                logger.say(f"finished at step {global_step:,}: {score}; logs and checkpoint in {run_dir}")
+                logger.say(f"finished at step {global_step:,} after {logger.elapsed()}: {score}; "
+                           f"logs and checkpoint in {run_dir}")
     except NonFiniteLossError as error:
         logger.say(f"error: {error}", sys.stderr)
         raise

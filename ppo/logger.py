@@ -58,6 +58,10 @@ class RunLogger:
         """CleanRL's `charts/SPS`: every step of this process over all its time, warm-up included."""
         return (step - self.start_step) / max(time.time() - self.start_time, 1e-9)
 
+    def elapsed(self) -> str:
+        """This process's time since the logger started, as `4m12s` (a resumed run counts its own)."""
+        return _duration(time.time() - self.start_time)
+
     def recent_sps(self, step: int, now: float) -> float:
         """The console's rate, for SPS and ETA: the steps since the first iteration. That one holds
         the one-off warm-up (CUDA graphs, compiles): 10.7 s of a 100k-step Hopper run on the H200,

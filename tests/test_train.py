@@ -34,7 +34,9 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     # 400 steps take two whole iterations of 256: the first line says so and the bar ends at 100%.
     assert "for 400 steps (whole iterations of 256: it ends at 512)" in result.stdout
     assert "step 512/512 (100.0%)" in result.stdout and "SPS" in result.stdout
-    assert "finished at step 512: " in result.stdout and str(tmp_path) in result.stdout  # the closing line
+    # the closing line: where it stopped, after how long, the score, and where the run is
+    assert re.search(r"^finished at step 512 after 0m\d\ds: mean return of the last 100 episodes -?\d+\.\d "
+                     rf"\(CleanRL's metric\); logs and checkpoint in {re.escape(str(tmp_path))}$", result.stdout, re.M)
     assert "compiled update" not in result.stdout, "ppo.compile=auto must not compile a short CPU run"
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
@@ -179,7 +181,7 @@ def test_a_seed_repeats_its_run_bit_for_bit_and_another_seed_does_not(tmp_path, 
         result = run_train(*common, f"seed={seed}", f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
         checkpoint = torch.load(resolve_checkpoint(str(tmp_path / name)), weights_only=False)
-        score = result.stdout.split("finished at step 1,024: ")[1].split(";")[0]
+        score = result.stdout.split("finished at step 1,024 after ")[1].split(": ")[1].split(";")[0]
         runs[name] = (checkpoint["agent"], checkpoint["obs_normalizer"]["mean"], score)
 
     def same(x, y):
