@@ -30,9 +30,13 @@ from typing import NoReturn
 import hydra
 import numpy as np
 import torch
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # how it lists a grid's jobs: public in all 1.x
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from buffers import RolloutBuffer
 from ppo import distributed
@@ -62,15 +66,9 @@ class NonFiniteLossError(RuntimeError):
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final mean episodic return (the objective for sweepers)."""
     try:
-        settings = settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
-        check_env_id(settings.env)
-        device = resolve_device(settings.device)
-        if settings.resume:
-            resolve_checkpoint(settings.resume)
+        settings, device = checked(cfg)
     except ConfigError as error:
         refuse(f"error: {error}", 2)
-    except FileNotFoundError as error:  # only the resume checkpoint is looked up above
-        refuse(f"error: resume={settings.resume}: {error}", 2)
     # Keys this command sets itself (`key=value`): a resume may change those on purpose.
     given = frozenset(map(override_key, HydraConfig.get().overrides.task))
     try:
@@ -82,6 +80,21 @@ def main(cfg: DictConfig) -> float:
     if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
         sys.exit(0)
     return objective
+
+
+def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
+    """A command's settings and device, after the checks that need no simulator: a ConfigError names
+    the first key that fails. Every run passes them before it starts, and a sweep runs them on each of
+    its jobs before the first one starts (Sweep.on_multirun_start)."""
+    settings = settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    check_env_id(settings.env)
+    device = resolve_device(settings.device)
+    if settings.resume:
+        try:
+            resolve_checkpoint(settings.resume)
+        except FileNotFoundError as error:
+            raise ConfigError(f"resume={settings.resume}: {error}") from error
+    return settings, device
 
 
 def refuse(message: str, code: int) -> NoReturn:
@@ -382,11 +395,46 @@ def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
     random.setstate(checkpoint["python_rng"])
 
 
-class SweepEnd(Callback):
-    """After a sweep's last job (configs/train.yaml's `hydra.callbacks`): where its runs are, and the
-    command that ranks them. Hydra itself ends a sweep on the last job's last line."""
+class Sweep(Callback):
+    """A sweep's checks and its last line (configs/train.yaml's `hydra.callbacks`)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """Check every job of a grid sweep before the first one starts. Each job checks itself anyway,
+        but only when its turn comes: `ppo.num_minibatches=32,7 seed=1,2` would train both jobs with
+        32 (hours, maybe) and then stop the sweep at the first with 7, and the last job would never run.
+        Optuna and other sweepers pick their jobs as they go; those jobs keep checking themselves."""
+        if config.hydra.sweeper._target_ != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+            return
+        loader = GlobalHydra.instance().config_loader()
+        # The jobs as Hydra's BasicSweeper.sweep lists them: `hydra.sweeper.params`, then the command.
+        params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
+        try:
+            overrides = OverridesParser.create(config_loader=loader).parse_overrides(
+                params + list(config.hydra.overrides.task))
+            jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        except HydraException:  # a sweep Hydra cannot expand: let it say why, as without this check
+            return
+        failed = []
+        for number, job in enumerate(jobs):
+            try:
+                job_cfg = loader.load_sweep_config(master_config=config, sweep_overrides=list(job))
+            except HydraException:  # a job Hydra cannot compose (`env=Hoper-v4`): Hydra says so next
+                return
+            with open_dict(job_cfg):
+                del job_cfg["hydra"]  # what the job's main() receives
+            try:
+                checked(job_cfg)
+            except ConfigError as error:
+                failed.append(f"  #{number} {' '.join(job)}: {error}")
+        if failed:
+            shown = failed[:10] + [f"  ... and {len(failed) - 10} more"] * (len(failed) > 10)
+            print(f"error: {len(failed)} of {len(jobs)} jobs of this sweep fail their checks, so none was "
+                  f"started:", *shown, sep="\n", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """After the last job: where the runs are, and the command that ranks them. Hydra itself ends a
+        sweep on the last job's last line."""
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = len(list(sweep_dir.glob("*/run_info.json")))
         script = Path(__file__).resolve().parent / "scripts" / "summarize_sweep.py"

@@ -58,6 +58,31 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert f"sweep finished: 2 runs in {tmp_path}; " in result.stdout  # from the launching process
 
 
+@pytest.mark.parametrize("grid", ["command", "config"])
+def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
+    # Jobs #0 and #1 pass their checks, #2 and #3 do not (3 minibatches of a 256-sample batch). Left to
+    # check themselves, #0 and #1 would train, #2 would stop the sweep and #3 never run.
+    if grid == "command":
+        values = ["ppo.num_minibatches=4,3"]
+    else:  # in a config's `hydra.sweeper.params`, which Hydra lists before the command's overrides
+        (tmp_path / "grid").mkdir()
+        (tmp_path / "grid" / "bad.yaml").write_text(
+            "# @package _global_\nhydra:\n  sweeper:\n    params:\n      ppo.num_minibatches: 4,3\n")
+        values = ["--config-dir", str(tmp_path), "+grid=bad"]
+    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    result = run("train.py", "-m", *values, "seed=1,2", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0] == "error: 2 of 4 jobs of this sweep fail their checks, so none was started:"
+    for line, job, seed in zip(lines[1:], (2, 3), (1, 2), strict=True):
+        assert line.startswith(f"  #{job} ppo.num_minibatches=3 ") and f" seed={seed} " in line, line
+        assert line.endswith(": `ppo.num_minibatches` (3) must divide the batch, "
+                             "env.num_envs x ppo.num_steps = 4 x 64 = 256"), line
+    assert not (tmp_path / "sweep").exists()
+    assert "training " not in result.stdout
+
+
 def test_the_sweep_summary_ranks_runs_within_each_env():
     # Returns of different tasks do not compare: a sweep over envs ranks each env's runs among
     # themselves, and a run with no finished episode (NaN) comes last in its env.
