@@ -1,5 +1,9 @@
 """A CleanRL-style PPO loop, kept as the throughput baseline (not used for training).
 
+    python scripts/cleanrl_reference.py --env-id Ant-v4 --device cpu   # its steps/s alone, CleanRL's 1 x 2048
+
+scripts/benchmark_e2e.py times it beside our training loop and the raw simulator, in one run.
+
 The structure of CleanRL's ppo_continuous_action.py, with the same network, batch and update
 schedule as ours: a host round trip per step (`.cpu().numpy()` of the actions, `torch.tensor` of
 the observations), numpy observation/reward normalisation as gymnasium's wrappers do, a Python
@@ -8,14 +12,20 @@ loop over time for GAE, and numpy-shuffled minibatches.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from ppo.agent import Agent
-from ppo.envs import import_envpool
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ppo.agent import Agent  # noqa: E402
+from ppo.config import ConfigError, resolve_device  # noqa: E402
+from ppo.envs import import_envpool  # noqa: E402
 
 
 class NumpyRunningMeanStd:
@@ -101,3 +111,23 @@ def cleanrl_style_sps(env_id: str, num_envs: int, num_steps: int, num_iterations
         torch.cuda.synchronize()
     envs.close()
     return num_iterations * batch_size / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env-id", default="Ant-v4", help="an envpool MuJoCo task")
+    parser.add_argument("--num-envs", type=int, default=1, help="CleanRL's default: 1")
+    parser.add_argument("--num-steps", type=int, default=2048, help="CleanRL's default: 2048")
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations, after one warm-up")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
+    args = parser.parse_args()
+    try:
+        device = resolve_device(args.device, "--device")
+    except ConfigError as error:
+        parser.error(str(error))
+    sps = cleanrl_style_sps(args.env_id, args.num_envs, args.num_steps, args.iterations, 1, device)
+    print(f"CleanRL-style loop, {args.env_id}, {args.num_envs} x {args.num_steps} on {device}: {sps:,.0f} steps/s")
+
+
+if __name__ == "__main__":
+    main()

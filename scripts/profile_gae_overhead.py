@@ -10,6 +10,7 @@ compute_gae. Compare the lines inside one run only.
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import pstats
 import sys
@@ -50,6 +51,7 @@ def host_us(fn, calls: int = 2000) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options; answers --help
     if not torch.cuda.is_available():
         sys.exit("profile_gae_overhead.py needs a CUDA GPU")
     dev = torch.empty(16, device="cuda")

@@ -1,5 +1,5 @@
-"""Scripts that only measure CUDA kernels say so in one line on a machine without a GPU, instead of a
-traceback from deep inside torch ("Torch not compiled with CUDA enabled")."""
+"""Every script answers `--help`; scripts that only measure CUDA kernels say so in one line on a machine
+without a GPU, instead of a traceback from deep inside torch ("Torch not compiled with CUDA enabled")."""
 
 import subprocess
 import sys
@@ -23,3 +23,14 @@ def test_a_cuda_only_script_says_so_in_one_line_without_a_gpu(command):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f"{command[0]} needs a CUDA GPU")
+
+
+SCRIPTS = sorted(path.name for path in (ROOT / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_answers_help(script):
+    # Importing a script is most of what `--help` runs: this also catches a script a refactor broke.
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: {script} "), result.stderr[-2000:]
