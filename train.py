@@ -86,7 +86,7 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
     """A command's settings and device, after the checks that need no simulator: a ConfigError names
     the first key that fails. Every run passes them before it starts, and a sweep runs them on each of
     its jobs before the first one starts (Sweep.on_multirun_start)."""
-    settings = settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
+    settings = settings_of(cfg)
     check_env_id(settings.env)
     device = resolve_device(settings.device)
     if settings.resume:
@@ -95,6 +95,12 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
         except FileNotFoundError as error:
             raise ConfigError(f"resume={settings.resume}: {error}") from error
     return settings, device
+
+
+def settings_of(cfg: DictConfig) -> TrainSettings:
+    """The settings of a composed config; a ConfigError names the first value that fails its check.
+    These checks ask nothing of the machine: checked() adds those that do."""
+    return settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
 def refuse(message: str, code: int) -> NoReturn:
@@ -402,9 +408,13 @@ class Sweep(Callback):
         """Check every job of a grid sweep before the first one starts. Each job checks itself anyway,
         but only when its turn comes: `ppo.num_minibatches=32,7 seed=1,2` would train both jobs with
         32 (hours, maybe) and then stop the sweep at the first with 7, and the last job would never run.
-        Optuna and other sweepers pick their jobs as they go; those jobs keep checking themselves."""
+        Optuna and other sweepers pick their jobs as they go; those jobs keep checking themselves.
+        A launcher that runs the jobs elsewhere (SLURM) gets the value checks only: the GPU, envpool
+        and the checkpoints the jobs need are on the machines that run them, not on this one."""
         if config.hydra.sweeper._target_ != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
             return
+        here = config.hydra.launcher._target_.rsplit(".", 1)[-1] in ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
+        check = checked if here else settings_of
         loader = GlobalHydra.instance().config_loader()
         # The jobs as Hydra's BasicSweeper.sweep lists them: `hydra.sweeper.params`, then the command.
         params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
@@ -423,7 +433,7 @@ class Sweep(Callback):
             with open_dict(job_cfg):
                 del job_cfg["hydra"]  # what the job's main() receives
             try:
-                checked(job_cfg)
+                check(job_cfg)
             except ConfigError as error:
                 failed.append(f"  #{number} {' '.join(job)}: {error}")
         if failed:

@@ -83,6 +83,20 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
     assert "training " not in result.stdout
 
 
+def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path):
+    # The jobs will run on the cluster's GPU nodes: `device=cuda` is no error on this machine, which may
+    # have none, but a value that fails on every machine still stops the sweep before it submits.
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "device="))]
+    result = run("train.py", "-m", "hydra/launcher=slurm", "device=cuda", "ppo.num_minibatches=4,3", *tiny,
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: 1 of 2 jobs of this sweep fail their checks, so none was started:", lines
+    assert lines[1].startswith("  #1 device=cuda ppo.num_minibatches=3 ") and len(lines) == 2
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_the_sweep_summary_ranks_runs_within_each_env():
     # Returns of different tasks do not compare: a sweep over envs ranks each env's runs among
     # themselves, and a run with no finished episode (NaN) comes last in its env.
