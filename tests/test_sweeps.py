@@ -83,6 +83,18 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
     assert "training " not in result.stdout
 
 
+def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
+    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    result = run("train.py", "-m", "seed=range(1,51)", "ppo.num_minibatches=3", *tiny,
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout.splitlines()[0] == "checking the 50 jobs of this sweep before the first starts..."
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: 50 of 50 jobs of this sweep fail their checks, so none was started:"
+    assert [line.split()[0] for line in lines[1:11]] == [f"#{n}" for n in range(10)]
+    assert lines[11:] == ["  ... and 40 more"]
+
+
 def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path):
     # The jobs will run on the cluster's GPU nodes: `device=cuda` is no error on this machine, which may
     # have none, but a value that fails on every machine still stops the sweep before it submits.
