@@ -4,6 +4,7 @@ below `train.py` imports Hydra or omegaconf."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,9 @@ class ConfigError(ValueError):
 class EnvSettings:
     id: str = "Ant-v4"
     num_envs: int = 64
-    backend: str = "envpool"  # envpool | gymnasium
+    # envpool | gymnasium | auto: envpool where it is installed (pip installs it on Linux x86-64 only),
+    # else gymnasium; resolved on construction (__post_init__), so the settings name the simulator
+    backend: str = "auto"
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
     # Split the envs into this many simulators, stepped as a pipeline: while one group simulates,
     # the policy acts for the next (ppo.collect). 1: one simulator, stepped in lockstep; auto: 2 on
@@ -26,6 +29,15 @@ class EnvSettings:
     # Pin envpool's worker threads, one per CPU (envpool's thread_affinity_offset). auto: on a CPU
     # run whose threads number the machine's CPUs, all usable by this one process (ppo.envs.pins_threads)
     pin_threads: bool | str = "auto"
+
+    def __post_init__(self):
+        # Here, so that no "auto" reaches code that picks a simulator by name, and a run's settings
+        # (run_info.json, checkpoints, a resume's comparison) record the simulator it used. Looked up
+        # without importing envpool: an envpool that is installed but fails to import gets
+        # check_env_id's one-line error, as when asked for by name.
+        if self.backend == "auto":
+            found = importlib.util.find_spec("envpool") is not None
+            object.__setattr__(self, "backend", "envpool" if found else "gymnasium")
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
@@ -258,7 +270,7 @@ def _validate(s: TrainSettings) -> None:
     if s.model.activation not in ACTIVATIONS:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
     if s.env.backend not in ("envpool", "gymnasium"):
-        raise ConfigError(f"`env.backend` must be envpool or gymnasium, got {s.env.backend!r}")
+        raise ConfigError(f"`env.backend` must be envpool, gymnasium or auto, got {s.env.backend!r}")
     if s.env.pin_threads is True and s.env.backend != "envpool":
         raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
                           f"{s.env.backend} (use auto or false)")

@@ -42,7 +42,7 @@ def test_any_env_id_without_a_file():
     ("env.groups=0", "`env.groups` must be a positive integer or auto, got 0"),
     ("env.groups=two", "`env.groups` must be a positive integer or auto, got 'two'"),
     ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
-    ("env.backend=isaac", "`env.backend` must be envpool or gymnasium, got 'isaac'"),
+    ("env.backend=isaac", "`env.backend` must be envpool, gymnasium or auto, got 'isaac'"),
     ("checkpoint.every=-1", "`checkpoint.every` must be non-negative, got -1"),
     ("ppo.vf_coef=-0.5", "`ppo.vf_coef` must be non-negative, got -0.5"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),

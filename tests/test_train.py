@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ppo.checkpoint import resolve_checkpoint
@@ -206,7 +207,7 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("env.id=Antt-v4", "error: unknown environment id 'Antt-v4' for env.backend=envpool. Did you mean: Ant-v4"),
     ("ppo.num_minibatches=3", "error: `ppo.num_minibatches` (3) must divide the batch"),
-    ("env.backend=brax", "error: `env.backend` must be envpool or gymnasium"),
+    ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium or auto"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, override, message):
@@ -237,6 +238,25 @@ def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
     with pytest.raises(ConfigError, match=rf"^unknown environment id '{TOY_ID}' for --backend envpool; gymnasium "
                                           "has it: add --backend gymnasium\\."):
         check_env_id(EnvSettings(id=TOY_ID, backend="envpool"), "--backend ")
+
+
+def test_the_default_backend_is_envpool_where_installed_and_gymnasium_elsewhere(monkeypatch):
+    # Linux aarch64 (a GH200, say) has no envpool wheel: `python train.py` must still train there.
+    from ppo.config import EnvSettings, settings_from_dict
+
+    pytest.importorskip("envpool")
+    assert EnvSettings().backend == "envpool"
+    assert settings_from_dict({"env": {"backend": "auto"}}).env.backend == "envpool"
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "envpool", None)  # as if not installed
+        assert EnvSettings().backend == "gymnasium"
+        assert settings_from_dict({"env": {"backend": "auto"}}).env.backend == "gymnasium"
+        # asked for by name, it stays: check_env_id then says envpool is missing (the test above)
+        assert EnvSettings(backend="envpool").backend == "envpool"
+    # Every env file leaves the choice to this rule.
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for env_file in sorted((ROOT / "configs" / "env").glob("*.yaml")):
+            assert compose(config_name="train", overrides=[f"env={env_file.stem}"]).env.backend == "auto", env_file
 
 
 def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
