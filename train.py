@@ -13,7 +13,9 @@ checkpoint) until `total_timesteps` -> the final checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -24,6 +26,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -62,6 +65,10 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+class RunDirInUse(ConfigError):
+    pass
+
+
 @hydra.main(version_base=None, config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final mean episodic return (the objective for sweepers)."""
@@ -71,9 +78,14 @@ def main(cfg: DictConfig) -> float:
         refuse(f"error: {error}", 2)
     # Keys this command sets itself (`key=value`): a resume may change those on purpose.
     given = frozenset(map(override_key, HydraConfig.get().overrides.task))
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        objective = train(settings, HydraConfig.get().runtime.output_dir, device, given)
-    except ConfigError as error:  # raised before training starts (a resume that does not fit)
+        with run_dir_claimed(run_dir):
+            objective = train(settings, run_dir, device, given)
+    except RunDirInUse as error:  # the dir is the other run's, even while it holds nothing but .hydra/
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except ConfigError as error:  # raised before training starts (a resume that does not fit, a dir in use)
         refuse(f"error: {error}", 1)
     except NonFiniteLossError:  # train() has said why, in the run's train.log too
         sys.exit(1)
@@ -101,6 +113,32 @@ def settings_of(cfg: DictConfig) -> TrainSettings:
     """The settings of a composed config; a ConfigError names the first value that fails its check.
     These checks ask nothing of the machine: checked() adds those that do."""
     return settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+@contextlib.contextmanager
+def run_dir_claimed(run_dir: str) -> Iterator[None]:
+    """Hold an exclusive lock on the run dir while this process trains into it, or raise RunDirInUse
+    when another process holds it. Two runs of one env and seed started in the same second get the
+    same default dir (runs/<env.id>/seed<N>_<second>), and a resume in place (`hydra.run.dir=`) may
+    name a dir whose run still trains: unlocked, either pair would interleave its logs and overwrite
+    the other's checkpoints without a word. The kernel drops the lock when the process ends,
+    however it ends."""
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 writes the run dir
+        yield
+        return
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirInUse(f"run dir {run_dir} is in use by another run (two runs of one env and seed "
+                              "started in the same second share it); give this one its own: "
+                              f"hydra.run.dir={shlex.quote(run_dir + '_2')}") from None
+        except OSError:  # a file system without locks: train unguarded, as before
+            pass
+        yield
+    finally:
+        os.close(fd)
 
 
 def refuse(message: str, code: int) -> NoReturn:

@@ -364,3 +364,52 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert not any(arg.startswith("hydra.") for arg in go_on)
     checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=False)
     assert 0 < checkpoint["global_step"] < 10_000_000
+
+
+def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_path):
+    # A run that has just started holds its dir with nothing in it yet but Hydra's .hydra/; the run
+    # refused there must not clean it up as its own empty dir (which a refused command's dir is).
+    import fcntl
+    import os
+
+    (tmp_path / ".hydra").mkdir()
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the other run holds it
+        result = run_train("env=InvertedPendulum-v4", "device=cpu", f"hydra.run.dir={tmp_path}", timeout=120)
+    finally:
+        os.close(fd)
+    assert result.returncode == 1 and result.stderr.startswith(f"error: run dir {tmp_path} is in use"), result.stderr
+    assert (tmp_path / ".hydra").is_dir()
+
+
+def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
+    # As when two runs of one env and seed start in the same second: both get the same default dir.
+    import signal
+    import time
+
+    common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
+              "ppo.update_epochs=1", "device=cpu", "checkpoint.every=0", f"hydra.run.dir={tmp_path}"]
+    first = subprocess.Popen([sys.executable, "train.py", *common, "total_timesteps=10000000", "log_every_s=0.01"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until the first run trains
+        line = first.stdout.readline()
+        if (line.startswith("[") and " step " in line) or not line:
+            break
+    second = run_train(*common, "total_timesteps=1024", timeout=120)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=120)
+    assert second.returncode == 1, second.stderr
+    assert second.stderr.strip() == (
+        f"error: run dir {tmp_path} is in use by another run (two runs of one env and seed started in the same "
+        f"second share it); give this one its own: hydra.run.dir={tmp_path}_2")
+    assert first.returncode == 0 and "stopped by signal" in out, err
+    # The first run's files are its own alone: one event file, and no line of the second in train.log.
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    assert "for 1,024 steps" not in (tmp_path / "train.log").read_text()
+    # Once that run has ended, the dir is free again: a resume in place continues it.
+    step = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)["global_step"]
+    third = run_train(*common, f"total_timesteps={step + 256}", f"resume={tmp_path}", timeout=120)
+    assert third.returncode == 0, third.stderr
+    assert f"finished at step {step + 256:,}" in third.stdout
