@@ -85,7 +85,7 @@ def main(cfg: DictConfig) -> float:
     except RunDirInUse as error:  # the dir is the other run's, even while it holds nothing but .hydra/
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
-    except ConfigError as error:  # raised before training starts (a resume that does not fit, a dir in use)
+    except ConfigError as error:  # raised before training starts (a resume that does not fit)
         refuse(f"error: {error}", 1)
     except NonFiniteLossError:  # train() has said why, in the run's train.log too
         sys.exit(1)
@@ -131,8 +131,8 @@ def run_dir_claimed(run_dir: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirInUse(f"run dir {run_dir} is in use by another run (two runs of one env and seed "
-                              "started in the same second share it); give this one its own: "
+            raise RunDirInUse(f"run dir {run_dir} is in use by a run still training there (runs of one env and "
+                              "seed started in the same second get the same dir); give this one its own: "
                               f"hydra.run.dir={shlex.quote(run_dir + '_2')}") from None
         except OSError:  # a file system without locks: train unguarded, as before
             pass

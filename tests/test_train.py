@@ -402,8 +402,8 @@ def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     out, err = first.communicate(timeout=120)
     assert second.returncode == 1, second.stderr
     assert second.stderr.strip() == (
-        f"error: run dir {tmp_path} is in use by another run (two runs of one env and seed started in the same "
-        f"second share it); give this one its own: hydra.run.dir={tmp_path}_2")
+        f"error: run dir {tmp_path} is in use by a run still training there (runs of one env and seed started in "
+        f"the same second get the same dir); give this one its own: hydra.run.dir={tmp_path}_2")
     assert first.returncode == 0 and "stopped by signal" in out, err
     # The first run's files are its own alone: one event file, and no line of the second in train.log.
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
