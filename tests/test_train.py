@@ -4,8 +4,10 @@ multirun, error messages, the NaN guard, and (slow, still run in CI) learning In
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -334,23 +336,24 @@ def test_inverted_pendulum_learns_within_150k_steps(tmp_path, gae_by_reference):
     assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"
 
 
-@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
-    import signal
-    import time
-
-    # In a sweep the signal ends the whole sweep: the second job (seed=2) never starts.
-    where = ["-m", "seed=1,2", f"hydra.sweep.dir={tmp_path}"] if sweep else [f"hydra.run.dir={tmp_path}"]
-    process = subprocess.Popen(
-        [sys.executable, "train.py", *where, "env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64",
-         "ppo.num_minibatches=4", "ppo.update_epochs=1", "total_timesteps=10000000", "device=cpu",
-         "log_every_s=0.01", "checkpoint.every=0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_training(*overrides: str) -> subprocess.Popen:
+    """A run of 10M steps, returned once its first progress line is out (or it has ended)."""
+    process = subprocess.Popen([sys.executable, "train.py", *overrides, "total_timesteps=10000000", "log_every_s=0.01"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline:  # wait until training is under way
+    while time.time() < deadline:
         line = process.stdout.readline()
         if (line.startswith("[") and " step " in line) or not line:
             break
+    return process
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
+    # In a sweep the signal ends the whole sweep: the second job (seed=2) never starts.
+    where = ["-m", "seed=1,2", f"hydra.sweep.dir={tmp_path}"] if sweep else [f"hydra.run.dir={tmp_path}"]
+    process = start_training(*where, "env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64",
+                             "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", "checkpoint.every=0")
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
@@ -385,18 +388,9 @@ def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_
 
 def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     # As when two runs of one env and seed start in the same second: both get the same default dir.
-    import signal
-    import time
-
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=0", f"hydra.run.dir={tmp_path}"]
-    first = subprocess.Popen([sys.executable, "train.py", *common, "total_timesteps=10000000", "log_every_s=0.01"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until the first run trains
-        line = first.stdout.readline()
-        if (line.startswith("[") and " step " in line) or not line:
-            break
+    first = start_training(*common)
     second = run_train(*common, "total_timesteps=1024", timeout=120)
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=120)
