@@ -123,7 +123,7 @@ def run_dir_claimed(run_dir: str) -> Iterator[None]:
     name a dir whose run still trains: unlocked, either pair would interleave its logs and overwrite
     the other's checkpoints without a word. The kernel drops the lock when the process ends,
     however it ends."""
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 writes the run dir
+    if distributed.launched_rank() != 0:  # under torchrun only rank 0 writes the run dir
         yield
         return
     fd = os.open(run_dir, os.O_RDONLY)

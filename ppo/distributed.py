@@ -34,6 +34,11 @@ def start(device: torch.device) -> Workers:
     return Workers(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun); known before `start` joins the group."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
