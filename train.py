@@ -65,8 +65,8 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
-class RunDirInUse(ConfigError):
-    pass
+class RunDirInUse(RuntimeError):
+    """Not a ConfigError: the dir is another run's, so refuse() must not clean it up."""
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="train")
