@@ -65,10 +65,6 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
-class RunDirInUse(RuntimeError):
-    """Not a ConfigError: the dir is another run's, so refuse() must not clean it up."""
-
-
 @hydra.main(version_base=None, config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final mean episodic return (the objective for sweepers)."""
@@ -82,9 +78,6 @@ def main(cfg: DictConfig) -> float:
     try:
         with run_dir_claimed(run_dir):
             objective = train(settings, run_dir, device, given)
-    except RunDirInUse as error:  # the dir is the other run's, even while it holds nothing but .hydra/
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
     except ConfigError as error:  # raised before training starts (a resume that does not fit)
         refuse(f"error: {error}", 1)
     except NonFiniteLossError:  # train() has said why, in the run's train.log too
@@ -115,30 +108,45 @@ def settings_of(cfg: DictConfig) -> TrainSettings:
     return settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-@contextlib.contextmanager
-def run_dir_claimed(run_dir: str) -> Iterator[None]:
-    """Hold an exclusive lock on the run dir while this process trains into it, or raise RunDirInUse
-    when another process holds it. Two runs of one env and seed started in the same second get the
-    same default dir (runs/<env.id>/seed<N>_<second>), and a resume in place (`hydra.run.dir=`) may
-    name a dir whose run still trains: unlocked, either pair would interleave its logs and overwrite
-    the other's checkpoints without a word. The kernel drops the lock when the process ends,
-    however it ends."""
-    if distributed.launched_rank() != 0:  # under torchrun only rank 0 writes the run dir
-        yield
+_claimed: dict[str, int] = {}  # run dir (absolute) -> the descriptor through which this process locks it
+
+
+def claim_run_dir(run_dir: str) -> None:
+    """Lock the run dir (made if new) for this process, or exit when another process holds it. Two runs
+    of one env and seed started in the same second get the same default dir (runs/<env.id>/seed<N>_
+    <second>), and a resume in place (`hydra.run.dir=`) may name a dir whose run still trains: unlocked,
+    either pair would interleave its logs and overwrite the other's checkpoints without a word. The
+    kernel drops the lock when the process ends, however it ends. The refused run exits without
+    touching the dir: even one that holds nothing but `.hydra/` yet is the other run's."""
+    run_dir = os.path.abspath(run_dir)
+    if run_dir in _claimed or distributed.launched_rank() != 0:  # under torchrun only rank 0 writes the dir
         return
+    os.makedirs(run_dir, exist_ok=True)
     fd = os.open(run_dir, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunDirInUse(f"run dir {run_dir} is in use by a run still training there (runs of one env and "
-                              "seed started in the same second get the same dir); give this one its own: "
-                              f"hydra.run.dir={shlex.quote(run_dir + '_2')}") from None
-        except OSError:  # a file system without locks: train unguarded, as before
-            pass
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        print(f"error: run dir {run_dir} is in use by a run still training there (runs of one env and seed "
+              "started in the same second get the same dir); give this one its own: "
+              f"hydra.run.dir={shlex.quote(run_dir + '_2')}", file=sys.stderr)
+        sys.exit(1)
+    except OSError:  # a file system without locks: train unguarded, as before
+        pass
+    _claimed[run_dir] = fd
+
+
+@contextlib.contextmanager
+def run_dir_claimed(run_dir: str) -> Iterator[None]:
+    """Hold the run dir's lock (claim_run_dir) while this process trains into it. A single run has
+    claimed it already, in RunDirLock; a sweep's job claims its own here, and lets it go when done."""
+    claim_run_dir(run_dir)
+    try:
         yield
     finally:
-        os.close(fd)
+        fd = _claimed.pop(os.path.abspath(run_dir), None)
+        if fd is not None:
+            os.close(fd)
 
 
 def refuse(message: str, code: int) -> NoReturn:
@@ -492,6 +500,21 @@ class Sweep(Callback):
             script = script.relative_to(Path.cwd())
         print(f"sweep finished: {runs} run{'s' * (runs != 1)} in {sweep_dir}; one table and plot of them: "
               f"python {shlex.quote(str(script))} {shlex.quote(str(sweep_dir))}", flush=True)
+
+
+class RunDirLock(Callback):
+    """A single run claims its dir (claim_run_dir) before Hydra writes its `.hydra/` record there
+    (configs/train.yaml's `hydra.callbacks`): from main(), a run refused because another still trains
+    in that dir would already have overwritten that run's record with its own. A sweep's jobs each get
+    a dir of their own and claim it in main()."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        HydraConfig.instance().set_config(config)  # as Hydra's run_job does first: `${hydra:...}` in the dir resolves
+        try:
+            run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)
+        except Exception:  # a dir Hydra cannot resolve either: it says why next, as without this callback
+            return
+        claim_run_dir(str(run_dir))
 
 
 class StopOnSignal:

@@ -371,11 +371,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
 
 def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_path):
     # A run that has just started holds its dir with nothing in it yet but Hydra's .hydra/; the run
-    # refused there must not clean it up as its own empty dir (which a refused command's dir is).
+    # refused there must not clean it up as its own empty dir (which a refused command's dir is), nor
+    # write its own .hydra/ record over the other run's.
     import fcntl
     import os
 
     (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- env=Hopper-v4\n")
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the other run holds it
@@ -383,7 +385,8 @@ def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_
     finally:
         os.close(fd)
     assert result.returncode == 1 and result.stderr.startswith(f"error: run dir {tmp_path} is in use"), result.stderr
-    assert (tmp_path / ".hydra").is_dir()
+    assert [p.name for p in tmp_path.rglob("*")] == [".hydra", "overrides.yaml"]
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- env=Hopper-v4\n"
 
 
 def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
@@ -399,9 +402,11 @@ def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
         f"error: run dir {tmp_path} is in use by a run still training there (runs of one env and seed started in "
         f"the same second get the same dir); give this one its own: hydra.run.dir={tmp_path}_2")
     assert first.returncode == 0 and "stopped by signal" in out, err
-    # The first run's files are its own alone: one event file, and no line of the second in train.log.
+    # The first run's files are its own alone: one event file, no line of the second in train.log, and
+    # Hydra's record of the first command, not of the second.
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
     assert "for 1,024 steps" not in (tmp_path / "train.log").read_text()
+    assert "total_timesteps=1024" not in (tmp_path / ".hydra" / "overrides.yaml").read_text()
     # Once that run has ended, the dir is free again: a resume in place continues it.
     step = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)["global_step"]
     third = run_train(*common, f"total_timesteps={step + 256}", f"resume={tmp_path}", timeout=120)
