@@ -40,6 +40,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from buffers import RolloutBuffer
 from ppo import distributed
@@ -512,8 +513,10 @@ class RunDirLock(Callback):
         HydraConfig.instance().set_config(config)  # as Hydra's run_job does first: `${hydra:...}` in the dir resolves
         try:
             run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)
-        except Exception:  # a dir Hydra cannot resolve either: it says why next, as without this callback
-            return
+        except OmegaConfBaseException as error:  # Hydra would fail too, in a traceback of its own formatting
+            print(f"error: hydra.run.dir={OmegaConf.to_container(config.hydra.run)['dir']} does not resolve: "
+                  f"{str(error).splitlines()[0]}", file=sys.stderr)
+            sys.exit(2)
         claim_run_dir(str(run_dir))
 
 

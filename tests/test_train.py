@@ -211,6 +211,8 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("ppo.num_minibatches=3", "error: `ppo.num_minibatches` (3) must divide the batch"),
     ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium or auto"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
+    ("hydra.run.dir=out/${nonexistent}",  # Hydra's own message would be a traceback of its formatter
+     "error: hydra.run.dir=out/${nonexistent} does not resolve: Interpolation key 'nonexistent' not found"),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     # Run from an empty dir, so that the default run dir (runs/<env.id>/seed1_<date>) lands in it.
