@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -60,6 +62,10 @@ from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
+
+# Optuna imports alembic, whose INFO lines on its plugins Hydra's console logger would print at the
+# start of every search (7 lines of `[HYDRA] setup plugin alembic...`).
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -452,31 +458,33 @@ class Sweep(Callback):
     """A sweep's checks and its last line (configs/train.yaml's `hydra.callbacks`)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """Check every job of a grid sweep before the first one starts. Each job checks itself anyway,
-        but only when its turn comes: `ppo.num_minibatches=32,7 seed=1,2` would train both jobs with
-        32 (hours, maybe) and then stop the sweep at the first with 7, and the last job would never run.
-        Optuna and other sweepers pick their jobs as they go; those jobs keep checking themselves.
+        """Check a sweep's jobs before the first one starts. Each job checks itself anyway, but only when
+        its turn comes: `ppo.num_minibatches=32,7 seed=1,2` would train both jobs with 32 (hours, maybe)
+        and then stop the sweep at the first with 7, and the last job would never run.
+        A grid's jobs are checked one by one. An Optuna search picks its trials as it goes, so its space
+        is checked instead, at its corners (search_space_corners). Other sweepers' jobs check themselves.
         A launcher that runs the jobs elsewhere (SLURM) gets the value checks only: the GPU, envpool
         and the checkpoints the jobs need are on the machines that run them, not on this one."""
-        if config.hydra.sweeper._target_ != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        sweeper = config.hydra.sweeper._target_
+        grid = sweeper == f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+        if grid:
+            jobs, what, first, none_started = grid_jobs(config), "jobs of this sweep", "first", "none was started"
+        elif sweeper.endswith(".OptunaSweeper"):
+            jobs, what = search_space_corners(config), "corners of this search space"
+            first, none_started = "first trial", "no trial was started"
+        else:
+            return
+        if not jobs:  # a sweep Hydra cannot expand: let it say why, as without this check
             return
         here = config.hydra.launcher._target_.rsplit(".", 1)[-1] in ("BasicLauncher", "JoblibLauncher", "LocalLauncher")
         check = checked if here else settings_of
+        if len(jobs) >= 20:  # Hydra composes each job's config in 0.1-0.15 s (2-core CPU)
+            print(f"checking the {len(jobs)} {what} before the {first} starts...", flush=True)
         loader = GlobalHydra.instance().config_loader()
-        # The jobs as Hydra's BasicSweeper.sweep lists them: `hydra.sweeper.params`, then the command.
-        params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
-        try:
-            overrides = OverridesParser.create(config_loader=loader).parse_overrides(
-                params + list(config.hydra.overrides.task))
-            jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
-        except HydraException:  # a sweep Hydra cannot expand: let it say why, as without this check
-            return
-        if len(jobs) >= 50:  # Hydra composes each job's config in about 0.1 s (2-core CPU)
-            print(f"checking the {len(jobs)} jobs of this sweep before the first starts...", flush=True)
-        failed = []
-        for number, job in enumerate(jobs):
+        failed = []  # (job, why)
+        for name, overrides in jobs:
             try:
-                job_cfg = loader.load_sweep_config(master_config=config, sweep_overrides=list(job))
+                job_cfg = loader.load_sweep_config(master_config=config, sweep_overrides=list(overrides))
             except HydraException:  # a job Hydra cannot compose (`env=Hoper-v4`): Hydra says so next
                 return
             with open_dict(job_cfg):
@@ -484,11 +492,20 @@ class Sweep(Callback):
             try:
                 check(job_cfg)
             except ConfigError as error:
-                failed.append(f"  #{number} {' '.join(job)}: {error}")
+                failed.append((name, str(error)))
         if failed:
-            shown = failed[:10] + [f"  ... and {len(failed) - 10} more"] * (len(failed) > 10)
-            print(f"error: {len(failed)} of {len(jobs)} jobs of this sweep fail their checks, so none was "
-                  f"started:", *shown, sep="\n", file=sys.stderr)
+            if grid:  # each job, as each is one the sweep would run
+                lines = [f"  {name}: {why}" for name, why in failed]
+            else:  # one corner per reason: the rest differ only in values the reason does not depend on
+                by_reason = {}
+                for name, why in failed:
+                    by_reason.setdefault(why, []).append(name)
+                lines = [f"  {names[0]}: {why}" + f" (and {len(names) - 1} more corners)" * (len(names) > 1)
+                         for why, names in by_reason.items()]
+            shown = lines[:10] + [f"  ... and {len(lines) - 10} more"] * (len(lines) > 10)
+            what += "" if grid else " (each choice, each range's two ends)"
+            print(f"error: {len(failed)} of {len(jobs)} {what} fail their checks, so {none_started}:", *shown,
+                  sep="\n", file=sys.stderr)
             sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -518,6 +535,53 @@ class RunDirLock(Callback):
                   f"{str(error).splitlines()[0]}", file=sys.stderr)
             sys.exit(2)
         claim_run_dir(str(run_dir))
+
+
+def grid_jobs(config: DictConfig) -> list[tuple[str, list[str]]]:
+    """A grid sweep's jobs, each as (`#<number> <overrides>`, its overrides), listed as Hydra's
+    BasicSweeper.sweep lists them: `hydra.sweeper.params`, then the command; [] if Hydra cannot."""
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    try:
+        overrides = parser.parse_overrides(params + list(config.hydra.overrides.task))
+        jobs = [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+    except HydraException:
+        return []
+    return [(f"#{number} {' '.join(job)}", job) for number, job in enumerate(jobs)]
+
+
+def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str, list[str]]]:
+    """An Optuna search's corners, each as (its swept values, its overrides): every choice of a
+    `choice(...)` and the two ends of a `range(...)` or `interval(...)`, in every combination while
+    there are at most `most` of them, else each value once, beside the first value of the others.
+    A value the checks refuse there would stop the search at the first trial that draws one, after
+    the trials before it have trained. Values between the ends are not tried: a check that fails
+    only inside a range (`ppo.num_minibatches: int(interval(4, 64))`, of which only the powers of two
+    divide the batch) still stops the search at its trial. [] if the plugin cannot parse the space."""
+    try:
+        from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+        from optuna.distributions import CategoricalDistribution
+    except ImportError:
+        return []
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
+    try:  # as the plugin's OptunaSweeperImpl.sweep parses them: `hydra.sweeper.params`, then the command
+        space, fixed = create_params_from_overrides(params + list(config.hydra.overrides.task))
+    except Exception:  # the plugin's own errors are plain exceptions: it says why when it parses them next
+        return []
+    values = {name: (list(dist.choices) if isinstance(dist, CategoricalDistribution) else sorted({dist.low, dist.high}))
+              for name, dist in space.items() if name not in fixed}
+    names = list(values)
+    if math.prod(len(v) for v in values.values()) <= most:
+        picks = [list(combination) for combination in itertools.product(*values.values())]
+    else:
+        firsts = [v[0] for v in values.values()]
+        picks = list(dict.fromkeys(tuple(firsts[:i] + [value] + firsts[i + 1:])
+                                   for i, name in enumerate(names) for value in values[name]))
+    corners = []
+    for pick in picks:
+        swept = [f"{name}={value}" for name, value in zip(names, pick, strict=True)]
+        corners.append((" ".join(swept), swept + [f"{name}={value}" for name, value in fixed.items()]))
+    return corners
 
 
 class StopOnSignal:

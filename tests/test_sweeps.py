@@ -95,6 +95,45 @@ def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
     assert lines[11:] == ["  ... and 40 more"]
 
 
+def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
+    # Left to check themselves, the trials that drew 4 would train and the first to draw 3 would stop
+    # the search. Each choice is tried beside each corner of ppo_search's space (3 choices and 3
+    # intervals of two ends; its update_epochs is fixed here): 2 x 24 corners, the 24 with 3 fail for
+    # one reason, shown once.
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    result = run("train.py", "-m", "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny,
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    assert "checking the 48 corners of this search space before the first trial starts...\n" in result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0] == ("error: 24 of 48 corners of this search space (each choice, each range's two ends) fail "
+                        "their checks, so no trial was started:"), lines
+    assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
+    assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
+                             "ppo.num_steps = 4 x 64 = 256 (and 23 more corners)"), lines[1]
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_large_search_space_checks_each_value_once(tmp_path):
+    # 30 x 10 x 2 combinations are too many to compose (0.1 s each): each value is tried once, beside
+    # the first value of the others, 30 + 9 + 1 corners. An interval's lower end fails here. (A
+    # range(...) is an integer interval to Optuna, with two ends; choice(...) lists each value.)
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    tiny = [arg for arg in TINY if not arg.startswith("ppo.update_epochs=")]
+    seeds = ",".join(map(str, range(1, 31)))
+    epochs = ",".join(map(str, range(1, 11)))
+    result = run("train.py", "-m", "hydra/sweeper=optuna", f"seed=choice({seeds})",
+                 f"ppo.update_epochs=choice({epochs})", "ppo.clip_coef=interval(-0.5,0.3)", *tiny,
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines == ["error: 39 of 40 corners of this search space (each choice, each range's two ends) fail their "
+                     "checks, so no trial was started:",
+                     "  seed=1 ppo.update_epochs=1 ppo.clip_coef=-0.5: `ppo.clip_coef` must be positive, got -0.5 "
+                     "(and 38 more corners)"], lines
+
+
 def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path):
     # The jobs will run on the cluster's GPU nodes: `device=cuda` is no error on this machine, which may
     # have none, but a value that fails on every machine still stops the sweep before it submits.
