@@ -232,6 +232,7 @@ def _validate(s: TrainSettings) -> None:
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"`{key}` must be in [0, 1], got {value}")
 
+    check_seed(s.seed)
     positive("total_timesteps", s.total_timesteps)
     positive("env.num_envs", s.env.num_envs)
     if s.env.groups != "auto" and s.env.num_envs % s.env.groups:
@@ -275,6 +276,12 @@ def _validate(s: TrainSettings) -> None:
         raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
                           f"{s.env.backend} (use auto or false)")
     check_device_name(s.device)
+
+
+def check_seed(seed: int, setting: str = "seed") -> None:
+    """numpy seeds its global generator from [0, 2**32) only; torch and Python take any of those."""
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"`{setting}` must be in [0, 2**32 - 1], got {seed}")
 
 
 def check_device_name(name: str, setting: str = "device") -> None:

@@ -264,7 +264,9 @@ class EnvpoolEnvs(_TensorEnvs):
             # Built against numpy 1, envpool 0.8.4 hands back wrong env ids beside numpy 2 (all 0).
             raise ConfigError(f"envpool {envpool.__version__} needs numpy < 2 (here {np.__version__}): "
                               "pip install 'numpy<2', or use Python >= 3.11 and envpool >= 1.2.5")
-        env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed,
+        # envpool takes int32 seeds; a run's (its seed + the iteration it resumes at + a worker's offset,
+        # plus a group's first env) may pass 2**31 - 1. Seeds below that are passed as they are.
+        env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed % 2**31,
                            num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
         super().__init__(env, settings.id, settings.num_envs, env.observation_space, env.action_space, device)
         self._env_ids = np.arange(settings.num_envs, dtype=np.int32)

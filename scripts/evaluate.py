@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import make_agent  # noqa: E402
 from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
-from ppo.config import ConfigError, resolve_device, settings_from_dict  # noqa: E402
+from ppo.config import ConfigError, check_seed, resolve_device, settings_from_dict  # noqa: E402
 from ppo.envs import check_env_id, make_envs  # noqa: E402
 from ppo.normalize import ObservationNormalizer  # noqa: E402
 
@@ -100,6 +100,10 @@ def main() -> None:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
     if args.num_envs is not None and args.num_envs < 1:
         parser.error(f"--num-envs must be at least 1, got {args.num_envs}")
+    try:
+        check_seed(args.seed, "--seed")
+    except ConfigError as error:
+        parser.error(str(error))
     try:
         device = resolve_device(args.device, "--device")
         returns = torch.tensor(evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend),

@@ -167,6 +167,23 @@ def test_envpool_0_8_beside_numpy_2_is_refused_before_it_returns_wrong_env_ids(m
         EnvpoolEnvs(EnvSettings(id="Ant-v4", num_envs=2, backend="envpool"), torch.device("cpu"), seed=0)
 
 
+def test_envpool_seeds_past_int32_wrap_and_those_below_are_kept():
+    # envpool refuses seeds past 2**31 - 1; a run's env seeds (its seed, up to 2**32 - 1, plus the
+    # iteration it resumes at and a worker's offset) reach them. Two groups: the second starts 2 later.
+    pytest.importorskip("envpool")
+
+    def first_observations(seed: int) -> torch.Tensor:
+        envs = make_envs(EnvSettings(id="InvertedPendulum-v4", num_envs=4, groups=2, backend="envpool"),
+                         torch.device("cpu"), seed=seed)
+        try:
+            return envs.reset(seed)
+        finally:
+            envs.close()
+
+    assert torch.equal(first_observations(2**32 - 2), first_observations(2**31 - 2))
+    assert not torch.equal(first_observations(2**31 - 2), first_observations(2**31 - 1))
+
+
 # CI's envpool has Pendulum-v1; the GPU host's bundled build carries only the MuJoCo tasks.
 @pytest.mark.skipif(not _envpool_has("Pendulum-v1"), reason="this envpool build has no Pendulum-v1")
 def test_envpool_backend_follows_the_same_autoreset_rules():

@@ -38,6 +38,8 @@ def test_any_env_id_without_a_file():
 
 @pytest.mark.parametrize("override,message", [
     ("env.num_envs=0", "`env.num_envs` must be positive, got 0"),
+    ("seed=-1", r"`seed` must be in \[0, 2\*\*32 - 1\], got -1"),  # numpy's seeding range
+    ("seed=4294967296", r"`seed` must be in \[0, 2\*\*32 - 1\], got 4294967296"),
     ("env.groups=3", r"`env.groups` \(3\) must divide `env.num_envs` \(64\)"),
     ("env.groups=0", "`env.groups` must be a positive integer or auto, got 0"),
     ("env.groups=two", "`env.groups` must be a positive integer or auto, got 'two'"),
