@@ -537,13 +537,19 @@ class RunDirLock(Callback):
         claim_run_dir(str(run_dir))
 
 
+def sweep_arguments(config: DictConfig) -> list[str]:
+    """What a sweeper expands into jobs, in the order both Hydra's basic sweeper and its Optuna sweeper
+    read it: `hydra.sweeper.params` (a config's), then the command's overrides."""
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
+    return params + list(config.hydra.overrides.task)
+
+
 def grid_jobs(config: DictConfig) -> list[tuple[str, list[str]]]:
     """A grid sweep's jobs, each as (`#<number> <overrides>`, its overrides), listed as Hydra's
-    BasicSweeper.sweep lists them: `hydra.sweeper.params`, then the command; [] if Hydra cannot."""
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
+    BasicSweeper.sweep lists them; [] if Hydra cannot."""
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
     try:
-        overrides = parser.parse_overrides(params + list(config.hydra.overrides.task))
+        overrides = parser.parse_overrides(sweep_arguments(config))
         jobs = [list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
     except HydraException:
         return []
@@ -563,9 +569,8 @@ def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str,
         from optuna.distributions import CategoricalDistribution
     except ImportError:
         return []
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.params or {}).items()]
-    try:  # as the plugin's OptunaSweeperImpl.sweep parses them: `hydra.sweeper.params`, then the command
-        space, fixed = create_params_from_overrides(params + list(config.hydra.overrides.task))
+    try:  # as the plugin's OptunaSweeperImpl.sweep parses them (its older `search_space` key is not read)
+        space, fixed = create_params_from_overrides(sweep_arguments(config))
     except Exception:  # the plugin's own errors are plain exceptions: it says why when it parses them next
         return []
     values = {name: (list(dist.choices) if isinstance(dist, CategoricalDistribution) else sorted({dist.low, dist.high}))
