@@ -128,8 +128,12 @@ def claim_run_dir(run_dir: str) -> None:
     run_dir = os.path.abspath(run_dir)
     if run_dir in _claimed or distributed.launched_rank() != 0:  # under torchrun only rank 0 writes the dir
         return
-    os.makedirs(run_dir, exist_ok=True)
-    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError as error:  # a file of that name, no permission: Hydra's own mkdir would raise a traceback
+        print(f"error: run dir {run_dir} cannot be made or opened: {error.strerror} (hydra.run.dir)", file=sys.stderr)
+        sys.exit(2)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

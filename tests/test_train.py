@@ -371,6 +371,15 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert 0 < checkpoint["global_step"] < 10_000_000
 
 
+def test_a_run_dir_that_cannot_be_made_is_one_error_line(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a dir")
+    result = run_train("env=InvertedPendulum-v4", "device=cpu", f"hydra.run.dir={tmp_path / 'taken'}", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: run dir {tmp_path / 'taken'} cannot be made or opened: File exists " \
+                                    "(hydra.run.dir)", result.stderr
+    assert (tmp_path / "taken").read_text() == "a file, not a dir"
+
+
 def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_path):
     # A run that has just started holds its dir with nothing in it yet but Hydra's .hydra/; the run
     # refused there must not clean it up as its own empty dir (which a refused command's dir is), nor
