@@ -165,17 +165,30 @@ def refuse(message: str, code: int) -> NoReturn:
     made for it (it holds nothing but Hydra's `.hydra/` record of the command, so a typo leaves no
     empty run behind), and exit with `code`."""
     print(message, file=sys.stderr)
-    run_dir = Path(HydraConfig.get().runtime.output_dir).resolve()
-    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".hydra"]:
-        shutil.rmtree(run_dir / ".hydra")
-        run_dir.rmdir()
-        # Then the parents this command made (runs/<env.id>/ for a mistyped id) while they are empty,
-        # inside the working directory only.
-        cwd, parent = Path.cwd().resolve(), run_dir.parent
-        while cwd in parent.parents and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+    remove_unused_run_dir(HydraConfig.get().runtime.output_dir)
     sys.exit(code)
+
+
+def remove_unused_run_dir(run_dir: str) -> None:
+    """Remove a run dir that holds nothing but Hydra's `.hydra/` record, unless another process trains
+    there (claim_run_dir's lock); then the parents this command made (runs/<env.id>/ for a mistyped
+    id) while they are empty, inside the working directory only."""
+    path = Path(run_dir).resolve()
+    if not path.is_dir() or [p.name for p in path.iterdir()] not in ([], [".hydra"]):
+        return
+    if str(path) not in _claimed:  # this process's lock aside, a lock held there is another run's
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        finally:
+            os.close(fd)
+    shutil.rmtree(path)
+    cwd, parent = Path.cwd().resolve(), path.parent
+    while cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device, given: frozenset[str] = frozenset()) -> float:
@@ -186,7 +199,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     if device.type == "cuda" and workers.world_size > 1:
         device = torch.device("cuda", workers.local_rank)
         torch.cuda.set_device(device)
-    run_dir = distributed.broadcast_object(run_dir)  # rank 0's run dir holds the logs and checkpoints
+    own_dir, run_dir = run_dir, distributed.broadcast_object(run_dir)  # rank 0's holds the logs and checkpoints
+    if own_dir != run_dir:  # this worker's Hydra read the clock (`${now:...}`) a second after rank 0's
+        remove_unused_run_dir(own_dir)
     # One intra-op thread by default: these MLPs are too small to gain from more, and idle OpenMP
     # workers spin on the cores the simulator's threads need (measured: env time 265 -> 179 ms per
     # iteration on 2 cores, docs/benchmarks.md).
