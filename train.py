@@ -176,12 +176,14 @@ def remove_unused_run_dir(run_dir: str) -> None:
     path = Path(run_dir).resolve()
     if not path.is_dir() or [p.name for p in path.iterdir()] not in ([], [".hydra"]):
         return
-    if str(path) not in _claimed:  # this process's lock aside, a lock held there is another run's
+    if os.path.abspath(run_dir) not in _claimed:  # this process's lock aside, a lock held there is another run's
         fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return
+        except OSError:  # a file system without locks, as in claim_run_dir
+            pass
         finally:
             os.close(fd)
     shutil.rmtree(path)
