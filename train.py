@@ -134,17 +134,25 @@ def claim_run_dir(run_dir: str) -> None:
     except OSError as error:  # a file of that name, no permission: Hydra's own mkdir would raise a traceback
         print(f"error: run dir {run_dir} cannot be made or opened: {error.strerror} (hydra.run.dir)", file=sys.stderr)
         sys.exit(2)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not locked(fd):
         os.close(fd)
         print(f"error: run dir {run_dir} is in use by a run still training there (runs of one env and seed "
               "started in the same second get the same dir); give this one its own: "
               f"hydra.run.dir={shlex.quote(run_dir + '_2')}", file=sys.stderr)
         sys.exit(1)
-    except OSError:  # a file system without locks: train unguarded, as before
-        pass
     _claimed[run_dir] = fd
+
+
+def locked(fd: int) -> bool:
+    """Take the run-dir lock through `fd`: False when another process holds it. On a file system
+    without locks, True: the run trains unguarded, as before the lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 @contextlib.contextmanager
@@ -179,13 +187,11 @@ def remove_unused_run_dir(run_dir: str) -> None:
     if os.path.abspath(run_dir) not in _claimed:  # this process's lock aside, a lock held there is another run's
         fd = os.open(path, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return
-        except OSError:  # a file system without locks, as in claim_run_dir
-            pass
+            free = locked(fd)
         finally:
-            os.close(fd)
+            os.close(fd)  # a probe only: the lock goes with the descriptor
+        if not free:
+            return
     shutil.rmtree(path)
     cwd, parent = Path.cwd().resolve(), path.parent
     while cwd in parent.parents and not any(parent.iterdir()):
