@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import io
 import itertools
 import json
 import logging
@@ -36,9 +37,11 @@ import hydra
 import numpy as np
 import torch
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # how it lists a grid's jobs: public in all 1.x
+from hydra._internal.utils import get_args_parser  # hydra.main's own command-line parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -52,6 +55,7 @@ from ppo.collect import Collector
 from ppo.config import (
     ConfigError,
     TrainSettings,
+    check_setting_key,
     flat_settings,
     learning_differences,
     resolve_device,
@@ -616,6 +620,37 @@ def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str,
     return corners
 
 
+def check_command_keys(arguments: list[str]) -> None:
+    """Refuse a command that changes a setting that does not exist (`ppo.lerning_rate=1`,
+    `learning_rate=1`) in one line that names the setting it most likely meant. Hydra would refuse it
+    too, but with advice to add the key (`+ppo.lerning_rate=1`) that leads only to the settings'
+    own refusal. Only `key=value` changes are checked: `+key`, `~key` and `key@package` are Hydra's
+    to judge, and so is a config group (`env=Hopper-v4`). A command that reads configs from elsewhere
+    (`--config-dir`, ...), which may bring groups of its own, is left to Hydra."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # a command argparse refuses: Hydra says why next
+            args = get_args_parser().parse_args(arguments)
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except (SystemExit, HydraException):
+        return
+    if args.config_path or args.config_dir or args.config_name or args.shell_completion:
+        return
+    if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
+        return
+    groups = {path.name for path in (Path(__file__).resolve().parent / "configs").iterdir() if path.is_dir()}
+    for override in overrides:
+        key = override.key_or_group
+        if override.type != OverrideType.CHANGE or override.package is not None or "/" in key:
+            continue
+        if key in groups or key.partition(".")[0] == "hydra":
+            continue
+        try:
+            check_setting_key(key)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)
+
+
 class StopOnSignal:
     """Ctrl-C or SIGTERM: finish the iteration, save a checkpoint, exit cleanly. A second one aborts."""
 
@@ -641,4 +676,5 @@ class StopOnSignal:
 
 
 if __name__ == "__main__":
+    check_command_keys(sys.argv[1:])
     main()

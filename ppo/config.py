@@ -4,6 +4,7 @@ below `train.py` imports Hydra or omegaconf."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import re
 from dataclasses import dataclass, field
@@ -160,13 +161,47 @@ def settings_from_dict(config: dict[str, Any]) -> TrainSettings:
     return settings
 
 
+def setting_keys(cls: type = TrainSettings, prefix: str = "") -> list[str]:
+    """The dotted name of every setting and group of settings: `seed`, `ppo`, `ppo.learning_rate`, ..."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        keys.append(f"{prefix}{f.name}")
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            keys += setting_keys(f.default_factory, f"{prefix}{f.name}.")
+    return keys
+
+
+def check_setting_key(key: str) -> None:
+    """A ConfigError unless the dotted `key` names a setting or a group of settings."""
+    if key not in setting_keys():
+        raise unknown_setting(key)
+
+
+def unknown_setting(key: str) -> ConfigError:
+    """The error for a dotted key that names no setting, with the one it most likely meant: the setting
+    of that name in another group (`learning_rate` -> `ppo.learning_rate`, as CleanRL's flags are
+    flat), else the closest spelling (`ppo.lerning_rate`); without one, the group's settings."""
+    keys = setting_keys()
+    name = key.rpartition(".")[2]
+    meant = [k for k in keys if k.rpartition(".")[2] == name] or difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+    if meant:
+        return ConfigError(f"unknown setting `{key}`: did you mean `{meant[0]}`?")
+    groups = {k.rpartition(".")[0] for k in keys}  # "": the top level
+    group = key.rpartition(".")[0]
+    while group not in groups:  # the deepest group of settings the key starts in
+        group = group.rpartition(".")[0]
+    known = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == group)
+    where = f" in `{group}`" if group else ""
+    return ConfigError(f"unknown setting `{key}` (known{where}: {', '.join(known)})")
+
+
 def _build(cls: type, values: dict[str, Any], prefix: str):
     if not isinstance(values, dict):
         raise ConfigError(f"`{prefix.rstrip('.')}` must be a group of settings, got {values!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown setting `{prefix}{unknown[0]}` (known: {', '.join(sorted(fields))})")
+        raise unknown_setting(f"{prefix}{unknown[0]}")
     kwargs = {}
     for name, value in values.items():
         f = fields[name]

@@ -1,12 +1,23 @@
 """Every config composes into valid settings; bad values fail early with a message naming the key."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ppo.config import ConfigError, PPOSettings, learning_differences, resolve_device, settings_from_dict
+from ppo.config import (
+    ConfigError,
+    PPOSettings,
+    TrainSettings,
+    check_setting_key,
+    flat_settings,
+    learning_differences,
+    resolve_device,
+    settings_from_dict,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
@@ -64,6 +75,26 @@ def test_any_env_id_without_a_file():
 def test_invalid_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         compose_settings(*override.split())
+
+
+@pytest.mark.parametrize("key, message", [
+    ("ppo.lerning_rate", "did you mean `ppo.learning_rate`?"),  # a misspelling
+    ("learning_rate", "did you mean `ppo.learning_rate`?"),  # a setting's name, out of its group (CleanRL's flags)
+    ("env.learning_rate", "did you mean `ppo.learning_rate`?"),
+    ("seeed", "did you mean `seed`?"),
+    ("ppo.lr", r"\(known in `ppo`: adaptive_lr_kl, anneal_lr, clip_coef, .*, vf_coef\)$"),  # nothing close
+    ("model.x.y", r"\(known in `model`: activation, hidden_sizes, init_log_std, shared_trunk\)$"),
+    ("foo", r"\(known: checkpoint, device, env, log_every_s, model, ppo, resume, seed, .*, total_timesteps\)$"),
+])
+def test_an_unknown_key_names_what_it_most_likely_meant(key, message):
+    with pytest.raises(ConfigError, match=rf"^unknown setting `{re.escape(key)}`:? .*{message}"):
+        check_setting_key(key)
+
+
+def test_every_setting_and_group_is_a_known_key():
+    for key in flat_settings(dataclasses.asdict(TrainSettings())):
+        check_setting_key(key)
+        check_setting_key(key.rpartition(".")[0] or key)
 
 
 def test_whole_numbers_written_as_floats_count_as_integers():

@@ -213,6 +213,10 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
     ("hydra.run.dir=out/${nonexistent}",  # Hydra's own message would be a traceback of its formatter
      "error: hydra.run.dir=out/${nonexistent} does not resolve: Interpolation key 'nonexistent' not found"),
+    # Hydra's own message for these advised `+ppo.lerning_rate=1`, which the settings then refuse
+    ("ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
+    ("num_envs=8", "error: unknown setting `num_envs`: did you mean `env.num_envs`?"),  # CleanRL's flat name
+    ("+ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     # Run from an empty dir, so that the default run dir (runs/<env.id>/seed1_<date>) lands in it.
@@ -221,6 +225,19 @@ def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     assert result.stderr.strip().startswith(message), result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir()), "a command that fails its checks leaves no run dir behind"
+
+
+def test_the_key_check_leaves_groups_and_hydras_own_syntax_to_hydra():
+    import train
+
+    for command in (["env=Hopper-v4", "model=default", "hydra/launcher=basic", "hydra.run.dir=x", "-m",
+                     "ppo.gamma=0.9,0.99", "+experiment=ant_10m", "~ppo.target_kl", "env@foo=Hopper-v4"],
+                    ["--config-dir", "elsewhere", "robot=arm"],  # its groups are not ours to know
+                    ["--cfg", "job", "env.id=Pusher-v5", "checkpoint.every=0"], ["--no-such-flag"], ["ppo.gamma=(("]):
+        train.check_command_keys(command)  # returns: Hydra composes (or refuses) these itself
+    with pytest.raises(SystemExit) as exit_:
+        train.check_command_keys(["-m", "seed=1,2", "ppo.lerning_rate=1e-4,3e-4"])
+    assert exit_.value.code == 2
 
 
 def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
