@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import fcntl
 import io
 import itertools
@@ -41,7 +42,7 @@ from hydra._internal.utils import get_args_parser  # hydra.main's own command-li
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import OverrideType
+from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -516,7 +517,7 @@ class Sweep(Callback):
         for name, overrides in jobs:
             try:
                 job_cfg = loader.load_sweep_config(master_config=config, sweep_overrides=list(overrides))
-            except HydraException:  # a job Hydra cannot compose (`env=Hoper-v4`): Hydra says so next
+            except HydraException:  # a job Hydra cannot compose (a sweep config's params name no file): Hydra says so
                 return
             with open_dict(job_cfg):
                 del job_cfg["hydra"]  # what the job's main() receives
@@ -620,13 +621,17 @@ def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str,
     return corners
 
 
-def check_command_keys(arguments: list[str]) -> None:
-    """Refuse a command that changes a setting that does not exist (`ppo.lerning_rate=1`,
-    `learning_rate=1`) in one line that names the setting it most likely meant. Hydra would refuse it
-    too, but with advice to add the key (`+ppo.lerning_rate=1`) that leads only to the settings'
-    own refusal. Only `key=value` changes are checked: `+key`, `~key` and `key@package` are Hydra's
-    to judge, and so is a config group (`env=Hopper-v4`). A command that reads configs from elsewhere
-    (`--config-dir`, ...), which may bring groups of its own, is left to Hydra."""
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def check_command_line(arguments: list[str]) -> None:
+    """Refuse, in one line that names what was most likely meant, a command that changes a setting
+    that does not exist (`ppo.lerning_rate=1`, CleanRL's flat `learning_rate=1`) or picks a config
+    file that does not exist (`env=Hoper-v4`, `+experiment=ant10m`). Hydra would refuse both too: the
+    first with advice to add the key (`+ppo.lerning_rate=1`) that leads only to the settings' own
+    refusal, the second in a list of the files, with no word on `env.id`, which runs any id without
+    one. `~key`, `key@package`, Hydra's own groups and keys, and `glob(...)` or `${...}` values are
+    left to Hydra, and so is a command that reads configs from elsewhere (`--config-dir`, ...)."""
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # a command argparse refuses: Hydra says why next
             args = get_args_parser().parse_args(arguments)
@@ -637,18 +642,43 @@ def check_command_keys(arguments: list[str]) -> None:
         return
     if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
         return
-    groups = {path.name for path in (Path(__file__).resolve().parent / "configs").iterdir() if path.is_dir()}
+    groups = {path.name: sorted(p.stem for p in path.glob("*.yaml")) for path in CONFIGS.iterdir() if path.is_dir()}
     for override in overrides:
         key = override.key_or_group
-        if override.type != OverrideType.CHANGE or override.package is not None or "/" in key:
+        if override.type == OverrideType.DEL or override.package is not None:
             continue
-        if key in groups or key.partition(".")[0] == "hydra":
+        if "/" in key or key.split(".")[0] == "hydra":  # Hydra's own groups and keys
             continue
         try:
-            check_setting_key(key)
+            if key in groups:
+                check_config_file(key, groups[key], override)
+            elif override.type == OverrideType.CHANGE:
+                check_setting_key(key)
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
+
+
+def check_config_file(group: str, files: list[str], override) -> None:
+    """A ConfigError if `group=NAME` (each NAME of a `a,b` or `choice(a,b)` sweep) names no file of
+    the group's."""
+    if isinstance(override.value(), ChoiceSweep):
+        names = list(override.sweep_string_iterator())
+    elif override.is_sweep_override():
+        return
+    else:
+        names = [override.get_value_element_as_str()]
+    for name in names:
+        if name in files or "${" in name:
+            continue
+        meant = difflib.get_close_matches(name, files, n=1, cutoff=0.75)
+        plus = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++"}.get(override.type, "")
+        hint = f"a task without a file runs as env.id={name}" if group == "env" else ""  # any id does
+        if meant:
+            raise ConfigError(f"no config file configs/{group}/{name}.yaml: did you mean `{plus}{group}={meant[0]}`?"
+                              + f" ({hint})" * bool(hint))
+        known = "; ".join(filter(None, [f"known: {', '.join(files)}", hint]))
+        raise ConfigError(f"no config file configs/{group}/{name}.yaml ({known})")
 
 
 class StopOnSignal:
@@ -676,5 +706,5 @@ class StopOnSignal:
 
 
 if __name__ == "__main__":
-    check_command_keys(sys.argv[1:])
+    check_command_line(sys.argv[1:])
     main()

@@ -217,6 +217,9 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
     ("num_envs=8", "error: unknown setting `num_envs`: did you mean `env.num_envs`?"),  # CleanRL's flat name
     ("+ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
+    ("env=Hoper-v4", "error: no config file configs/env/Hoper-v4.yaml: did you mean `env=Hopper-v4`? (a task without "
+                     "a file runs as env.id=Hoper-v4)"),
+    ("env=Pusher-v5", "error: no config file configs/env/Pusher-v5.yaml (known: Ant-v4, Ant-v5, "),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     # Run from an empty dir, so that the default run dir (runs/<env.id>/seed1_<date>) lands in it.
@@ -227,17 +230,27 @@ def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     assert not list(tmp_path.iterdir()), "a command that fails its checks leaves no run dir behind"
 
 
-def test_the_key_check_leaves_groups_and_hydras_own_syntax_to_hydra():
+def test_mistyped_keys_and_config_files_are_named_with_what_was_meant(capsys):
     import train
 
-    for command in (["env=Hopper-v4", "model=default", "hydra/launcher=basic", "hydra.run.dir=x", "-m",
+    for command in (["-m", "env=Hopper-v4,Ant-v4", "model=default", "hydra/launcher=basic", "hydra.run.dir=x",
                      "ppo.gamma=0.9,0.99", "+experiment=ant_10m", "~ppo.target_kl", "env@foo=Hopper-v4"],
+                    ["-m", "env=glob(*-v4)", "env.id=${oc.env:TASK}"],
                     ["--config-dir", "elsewhere", "robot=arm"],  # its groups are not ours to know
                     ["--cfg", "job", "env.id=Pusher-v5", "checkpoint.every=0"], ["--no-such-flag"], ["ppo.gamma=(("]):
-        train.check_command_keys(command)  # returns: Hydra composes (or refuses) these itself
-    with pytest.raises(SystemExit) as exit_:
-        train.check_command_keys(["-m", "seed=1,2", "ppo.lerning_rate=1e-4,3e-4"])
-    assert exit_.value.code == 2
+        train.check_command_line(command)  # returns: Hydra composes (or refuses) these itself
+    for command, message in [
+        (["-m", "seed=1,2", "ppo.lerning_rate=1e-4,3e-4"], "unknown setting `ppo.lerning_rate`: did you mean"),
+        (["-m", "env=Ant-v4,Hoper-v4"], "did you mean `env=Hopper-v4`?"),  # each value of a sweep
+        (["-m", "env=choice(Hopper-v4,Walker2d-v3)"], "(a task without a file runs as env.id=Walker2d-v3)"),
+        (["+experiment=ant10m"], "did you mean `+experiment=ant_10m`?"),  # the `+` it needs
+        (["env=Pusher-v5"], "; a task without a file runs as env.id=Pusher-v5)"),
+        (["model=big"], "error: no config file configs/model/big.yaml (known: default)\n"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            train.check_command_line(command)
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err, command
 
 
 def test_a_missing_envpool_is_named_not_read_as_an_unknown_id(monkeypatch):
