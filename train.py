@@ -664,7 +664,7 @@ def check_config_file(group: str, files: list[str], override) -> None:
     the group's."""
     if isinstance(override.value(), ChoiceSweep):
         names = list(override.sweep_string_iterator())
-    elif override.is_sweep_override():
+    elif override.is_sweep_override() or override.value() is None:  # glob(...); `env=null` drops the group
         return
     else:
         names = [override.get_value_element_as_str()]

@@ -235,7 +235,7 @@ def test_mistyped_keys_and_config_files_are_named_with_what_was_meant(capsys):
 
     for command in (["-m", "env=Hopper-v4,Ant-v4", "model=default", "hydra/launcher=basic", "hydra.run.dir=x",
                      "ppo.gamma=0.9,0.99", "+experiment=ant_10m", "~ppo.target_kl", "env@foo=Hopper-v4"],
-                    ["-m", "env=glob(*-v4)", "env.id=${oc.env:TASK}"],
+                    ["-m", "env=glob(*-v4)", "env.id=${oc.env:TASK}"], ["model=null"],
                     ["--config-dir", "elsewhere", "robot=arm"],  # its groups are not ours to know
                     ["--cfg", "job", "env.id=Pusher-v5", "checkpoint.every=0"], ["--no-such-flag"], ["ppo.gamma=(("]):
         train.check_command_line(command)  # returns: Hydra composes (or refuses) these itself
