@@ -535,7 +535,7 @@ class Sweep(Callback):
                 lines = [f"  {names[0]}: {why}" + f" (and {len(names) - 1} more corners)" * (len(names) > 1)
                          for why, names in by_reason.items()]
             shown = lines[:10] + [f"  ... and {len(lines) - 10} more"] * (len(lines) > 10)
-            what += "" if grid else " (each choice, each range's two ends)"
+            what += "" if grid else " (each choice, each integer of a short range, the ends of others)"
             print(f"error: {len(failed)} of {len(jobs)} {what} fail their checks, so {none_started}:", *shown,
                   sep="\n", file=sys.stderr)
             sys.exit(2)
@@ -588,14 +588,15 @@ def grid_jobs(config: DictConfig) -> list[tuple[str, list[str]]]:
     return [(f"#{number} {' '.join(job)}", job) for number, job in enumerate(jobs)]
 
 
-def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str, list[str]]]:
+def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -> list[tuple[str, list[str]]]:
     """An Optuna search's corners, each as (its swept values, its overrides): every choice of a
-    `choice(...)` and the two ends of a `range(...)` or `interval(...)`, in every combination while
-    there are at most `most` of them, else each value once, beside the first value of the others.
-    A value the checks refuse there would stop the search at the first trial that draws one, after
-    the trials before it have trained. Values between the ends are not tried: a check that fails
-    only inside a range (`ppo.num_minibatches: int(interval(4, 64))`, of which only the powers of two
-    divide the batch) still stops the search at its trial. [] if the plugin cannot parse the space."""
+    `choice(...)`, every integer of an integer range of at most `whole` of them (`int(interval(4, 64))`
+    minibatches: only the powers of two may divide the batch), and the two ends of a longer one or of
+    a float `interval(...)`, in every combination while there are at most `most` of them, else each
+    value once, beside the first value of the others. A value the checks refuse there would stop the
+    search at the first trial that draws one, after the trials before it have trained. Float values
+    between the ends are not tried: the checks on floats are bounds, which the ends meet if any value
+    does. [] if the plugin cannot parse the space."""
     try:
         from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
         from optuna.distributions import CategoricalDistribution
@@ -605,8 +606,16 @@ def search_space_corners(config: DictConfig, most: int = 128) -> list[tuple[str,
         space, fixed = create_params_from_overrides(sweep_arguments(config))
     except Exception:  # the plugin's own errors are plain exceptions: it says why when it parses them next
         return []
-    values = {name: (list(dist.choices) if isinstance(dist, CategoricalDistribution) else sorted({dist.low, dist.high}))
-              for name, dist in space.items() if name not in fixed}
+
+    def tried(dist) -> list:
+        if isinstance(dist, CategoricalDistribution):
+            return list(dist.choices)
+        step = getattr(dist, "step", None)  # an int for integer ranges (all optuna versions), else None or a float
+        if isinstance(step, int) and isinstance(dist.low, int) and (dist.high - dist.low) // step < whole:
+            return list(range(dist.low, dist.high + 1, step))
+        return sorted({dist.low, dist.high})
+
+    values = {name: tried(dist) for name, dist in space.items() if name not in fixed}
     names = list(values)
     if math.prod(len(v) for v in values.values()) <= most:
         picks = [list(combination) for combination in itertools.product(*values.values())]

@@ -108,8 +108,8 @@ def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "checking the 48 corners of this search space before the first trial starts...\n" in result.stdout
     lines = result.stderr.splitlines()
-    assert lines[0] == ("error: 24 of 48 corners of this search space (each choice, each range's two ends) fail "
-                        "their checks, so no trial was started:"), lines
+    assert lines[0] == ("error: 24 of 48 corners of this search space (each choice, each integer of a short range, "
+                        "the ends of others) fail their checks, so no trial was started:"), lines
     assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
     assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
                              "ppo.num_steps = 4 x 64 = 256 (and 23 more corners)"), lines[1]
@@ -129,10 +129,27 @@ def test_a_large_search_space_checks_each_value_once(tmp_path):
                  f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
-    assert lines == ["error: 39 of 40 corners of this search space (each choice, each range's two ends) fail their "
-                     "checks, so no trial was started:",
+    assert lines == ["error: 39 of 40 corners of this search space (each choice, each integer of a short range, the "
+                     "ends of others) fail their checks, so no trial was started:",
                      "  seed=1 ppo.update_epochs=1 ppo.clip_coef=-0.5: `ppo.clip_coef` must be positive, got -0.5 "
                      "(and 38 more corners)"], lines
+
+
+def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
+    # Both ends of 4..16 divide the batch of 256, as 8 does; each of the 10 integers between that do
+    # not would stop the search at the trial that drew it. A float interval is tried at its ends only.
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    result = run("train.py", "-m", "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
+                 "ppo.clip_coef=interval(0.1,0.3)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == ("error: 20 of 26 corners of this search space (each choice, each integer of a short range, "
+                        "the ends of others) fail their checks, so no trial was started:"), lines
+    failed = [line.split(":")[0].split()[0] for line in lines[1:]]
+    assert failed == [f"ppo.num_minibatches={n}" for n in (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)], lines
+    assert all(line.endswith(" (and 1 more corners)") for line in lines[1:])  # the other end of clip_coef
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path):
