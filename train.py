@@ -642,7 +642,8 @@ def check_command_line(arguments: list[str]) -> None:
     one. `~key`, `key@package`, Hydra's own groups and keys, and `glob(...)` or `${...}` values are
     left to Hydra, and so is a command that reads configs from elsewhere (`--config-dir`, ...)."""
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # a command argparse refuses: Hydra says why next
+        # Quietly: what argparse prints and exits on (a flag it refuses, `--version`), Hydra prints next.
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             args = get_args_parser().parse_args(arguments)
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except (SystemExit, HydraException):

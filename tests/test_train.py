@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import hydra
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -313,6 +314,12 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
         check_spaces("Goal-v0", Dict({"observation": box}), box)
     with pytest.raises(ConfigError, match=r"^Pick-v0 acts in Discrete\(4\)"):
         check_spaces("Pick-v0", box, Discrete(4))
+
+
+def test_hydras_flags_print_once(tmp_path):
+    result = run_train("--version", timeout=120, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.splitlines() == [f"Hydra {hydra.__version__}"], result.stdout
+    assert not list(tmp_path.iterdir())
 
 
 def test_help_shows_examples_every_env_file_and_where_the_keys_are_explained(tmp_path):
