@@ -42,7 +42,7 @@ from hydra._internal.utils import get_args_parser  # hydra.main's own command-li
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, OverrideType
+from hydra.core.override_parser.types import ChoiceSweep, Glob, OverrideType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -639,8 +639,9 @@ def check_command_line(arguments: list[str]) -> None:
     file that does not exist (`env=Hoper-v4`, `+experiment=ant10m`). Hydra would refuse both too: the
     first with advice to add the key (`+ppo.lerning_rate=1`) that leads only to the settings' own
     refusal, the second in a list of the files, with no word on `env.id`, which runs any id without
-    one. `~key`, `key@package`, Hydra's own groups and keys, and `glob(...)` or `${...}` values are
-    left to Hydra, and so is a command that reads configs from elsewhere (`--config-dir`, ...)."""
+    one; a `glob(...)` that matches no file is refused too. `~key`, `key@package`, Hydra's own groups
+    and keys, and `${...}` values are left to Hydra, and so is a command that reads configs from
+    elsewhere (`--config-dir`, ...)."""
     try:
         # Quietly: what argparse prints and exits on (a flag it refuses, `--version`), Hydra prints next.
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
@@ -674,7 +675,12 @@ def check_config_file(group: str, files: list[str], override) -> None:
     the group's."""
     if isinstance(override.value(), ChoiceSweep):
         names = list(override.sweep_string_iterator())
-    elif override.is_sweep_override() or override.value() is None:  # glob(...); `env=null` drops the group
+    elif isinstance(override.value(), Glob):
+        if not override.value().filter(files):  # else Hydra would launch a sweep of no jobs
+            raise ConfigError(f"{group}={override.get_value_string()} matches no file of configs/{group} "
+                              f"(known: {', '.join(files)})")
+        return
+    elif override.is_sweep_override() or override.value() is None:  # range(...); `env=null` drops the group
         return
     else:
         names = [override.get_value_element_as_str()]

@@ -247,6 +247,7 @@ def test_mistyped_keys_and_config_files_are_named_with_what_was_meant(capsys):
         (["+experiment=ant10m"], "did you mean `+experiment=ant_10m`?"),  # the `+` it needs
         (["env=Pusher-v5"], "; a task without a file runs as env.id=Pusher-v5)"),
         (["model=big"], "error: no config file configs/model/big.yaml (known: default)\n"),
+        (["-m", "env=glob(*-v9)"], "error: env=glob(*-v9) matches no file of configs/env (known: Ant-v4, "),
     ]:
         with pytest.raises(SystemExit) as exit_:
             train.check_command_line(command)
