@@ -42,7 +42,7 @@ from hydra._internal.utils import get_args_parser  # hydra.main's own command-li
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Glob, OverrideType
+from hydra.core.override_parser.types import ChoiceSweep, Glob, Override, OverrideType
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -670,7 +670,7 @@ def check_command_line(arguments: list[str]) -> None:
             sys.exit(2)
 
 
-def check_config_file(group: str, files: list[str], override) -> None:
+def check_config_file(group: str, files: list[str], override: Override) -> None:
     """A ConfigError if `group=NAME` (each NAME of a `a,b` or `choice(a,b)` sweep) names no file of
     the group's."""
     if isinstance(override.value(), ChoiceSweep):
