@@ -214,13 +214,12 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
     ("hydra.run.dir=out/${nonexistent}",  # Hydra's own message would be a traceback of its formatter
      "error: hydra.run.dir=out/${nonexistent} does not resolve: Interpolation key 'nonexistent' not found"),
-    # Hydra's own message for these advised `+ppo.lerning_rate=1`, which the settings then refuse
+    # Checked before Hydra composes (check_command_line; its other cases run in-process below). Hydra's
+    # own message for the first advised `+ppo.lerning_rate=1`, which the settings then refuse, as here.
     ("ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
-    ("num_envs=8", "error: unknown setting `num_envs`: did you mean `env.num_envs`?"),  # CleanRL's flat name
     ("+ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
     ("env=Hoper-v4", "error: no config file configs/env/Hoper-v4.yaml: did you mean `env=Hopper-v4`? (a task without "
                      "a file runs as env.id=Hoper-v4)"),
-    ("env=Pusher-v5", "error: no config file configs/env/Pusher-v5.yaml (known: Ant-v4, Ant-v5, "),
 ])
 def test_errors_are_one_line_without_traceback(tmp_path, override, message):
     # Run from an empty dir, so that the default run dir (runs/<env.id>/seed1_<date>) lands in it.
@@ -242,10 +241,12 @@ def test_mistyped_keys_and_config_files_are_named_with_what_was_meant(capsys):
         train.check_command_line(command)  # returns: Hydra composes (or refuses) these itself
     for command, message in [
         (["-m", "seed=1,2", "ppo.lerning_rate=1e-4,3e-4"], "unknown setting `ppo.lerning_rate`: did you mean"),
+        (["num_envs=8"], "error: unknown setting `num_envs`: did you mean `env.num_envs`?\n"),  # CleanRL's flat name
         (["-m", "env=Ant-v4,Hoper-v4"], "did you mean `env=Hopper-v4`?"),  # each value of a sweep
         (["-m", "env=choice(Hopper-v4,Walker2d-v3)"], "(a task without a file runs as env.id=Walker2d-v3)"),
         (["+experiment=ant10m"], "did you mean `+experiment=ant_10m`?"),  # the `+` it needs
-        (["env=Pusher-v5"], "; a task without a file runs as env.id=Pusher-v5)"),
+        (["env=Pusher-v5"], "error: no config file configs/env/Pusher-v5.yaml (known: Ant-v4, Ant-v5, "),
+        (["env=Pusher-v5"], "; a task without a file runs as env.id=Pusher-v5)\n"),
         (["model=big"], "error: no config file configs/model/big.yaml (known: default)\n"),
         (["-m", "env=glob(*-v9)"], "error: env=glob(*-v9) matches no file of configs/env (known: Ant-v4, "),
     ]:
