@@ -51,7 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from buffers import RolloutBuffer
 from ppo import distributed
 from ppo.agent import make_agent
-from ppo.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
 from ppo.collect import Collector
 from ppo.config import (
     ConfigError,
@@ -108,8 +108,10 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
     device = resolve_device(settings.device)
     if settings.resume:
         try:
-            resolve_checkpoint(settings.resume)
-        except FileNotFoundError as error:
+            # Read once here as well as in train(): a file that is no checkpoint is refused before a run
+            # dir is made, and before a sweep's first job. A checkpoint is a few MB at most.
+            load_checkpoint(resolve_checkpoint(settings.resume), torch.device("cpu"))
+        except (FileNotFoundError, CheckpointError) as error:
             raise ConfigError(f"resume={settings.resume}: {error}") from error
     return settings, device
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,14 @@ import torch
 
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
+# What train.py's snapshot() writes and a resume or an evaluation reads. "value_normalizer" is left out:
+# checkpoints from before value normalisation lack it, and a resume of one does without it.
+KEYS = ("settings", "iteration", "global_step", "agent", "optimizer", "obs_normalizer", "reward_scaler",
+        "generator", "torch_rng", "cuda_rng", "numpy_rng", "python_rng")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint train.py wrote: another file given by mistake, or a torn copy."""
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
@@ -36,4 +45,18 @@ def resolve_checkpoint(location: str) -> Path:
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    return torch.load(path, map_location=device, weights_only=False)
+    """The checkpoint at `path`, or a CheckpointError that says in one line why `path` is not one (torch's
+    own errors for such files are pickle's or the zip reader's, a screen of traceback)."""
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as error:
+        text = str(error).strip()  # its first sentence: the zip reader's goes on for four more
+        reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
+        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({reason}); a copy cut "
+                              f"short, or a file torch did not write") from error
+    missing = [key for key in KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else list(KEYS)
+    if missing:
+        shown = ", ".join(f"`{key}`" for key in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise CheckpointError(f"{path} is not a checkpoint of train.py: a torch file without {shown} (it "
+                              f"writes <run dir>/{CHECKPOINT_DIR}/{LAST})")
+    return checkpoint

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ppo.agent import make_agent  # noqa: E402
-from ppo.checkpoint import load_checkpoint, resolve_checkpoint  # noqa: E402
+from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint  # noqa: E402
 from ppo.config import ConfigError, check_seed, resolve_device, settings_from_dict  # noqa: E402
 from ppo.envs import check_env_id, make_envs  # noqa: E402
 from ppo.normalize import ObservationNormalizer  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> None:
                                dtype=torch.float64)
     except FileNotFoundError as error:
         sys.exit(f"error: {args.checkpoint}: {error}")
-    except ConfigError as error:  # e.g. a backend that does not have the run's task
+    except (ConfigError, CheckpointError) as error:  # e.g. a backend that does not have the run's task
         sys.exit(f"error: {error}")
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")

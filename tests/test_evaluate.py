@@ -30,6 +30,21 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
     assert len(other) == 6 and all(r >= 1 and float(r).is_integer() for r in other)
     assert other != first
 
+    # What is not a checkpoint of train.py says so in one line (torch's own errors are pickle's or
+    # zip's): a copy cut short, a file of the run that is not the checkpoint, a torch file of weights.
+    from ppo.checkpoint import CheckpointError, load_checkpoint
+
+    real = tmp_path / "checkpoints" / "last.pt"
+    assert load_checkpoint(real, torch.device("cpu"))["global_step"] == 2048
+    (tmp_path / "torn.pt").write_bytes(real.read_bytes()[:4096])
+    torch.save(load_checkpoint(real, torch.device("cpu"))["agent"], tmp_path / "weights.pt")
+    for name, message in [("torn.pt", "is not a checkpoint: torch.load cannot read it (PytorchStreamReader failed"),
+                          ("train.log", "is not a checkpoint: torch.load cannot read it (invalid load key"),
+                          ("weights.pt", "is not a checkpoint of train.py: a torch file without `settings`, ")]:
+        with pytest.raises(CheckpointError) as error:
+            load_checkpoint(tmp_path / name, torch.device("cpu"))
+        assert str(error.value).startswith(f"{tmp_path / name} {message}"), str(error.value)
+
 
 def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
     from evaluate import take_evenly
@@ -44,6 +59,7 @@ def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
 
 @pytest.mark.parametrize("args, message", [
     (["{missing}"], "error: {missing}: no checkpoint at {missing}"),
+    (["{readme}"], "error: {readme} is not a checkpoint: torch.load cannot read it (invalid load key"),
     (["{tmp}", "--episodes", "0"], "--episodes must be at least 1, got 0"),
     (["{tmp}", "--num-envs", "-2"], "--num-envs must be at least 1, got -2"),
     (["{missing}", "--device", "gpu"], "`--device` must be auto, cpu, cuda or cuda:N, got 'gpu'"),
@@ -51,7 +67,7 @@ def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
     (["{missing}", "--device", "cuda:7"], "error: `--device=cuda:7` but "),
 ])
 def test_bad_arguments_are_one_line_errors_not_tracebacks(tmp_path, args, message):
-    paths = {"tmp": str(tmp_path), "missing": str(tmp_path / "no_such_run")}
+    paths = {"tmp": str(tmp_path), "missing": str(tmp_path / "no_such_run"), "readme": str(ROOT / "README.md")}
     result = subprocess.run([sys.executable, "scripts/evaluate.py", *(a.format(**paths) for a in args)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and message.format(**paths) in result.stderr

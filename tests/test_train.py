@@ -212,6 +212,8 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("ppo.num_minibatches=3", "error: `ppo.num_minibatches` (3) must divide the batch"),
     ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium or auto"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
+    (f"resume={ROOT / 'README.md'}", f"error: resume={ROOT / 'README.md'}: {ROOT / 'README.md'} is not a checkpoint: "
+                                     "torch.load cannot read it (invalid load key"),
     ("hydra.run.dir=out/${nonexistent}",  # Hydra's own message would be a traceback of its formatter
      "error: hydra.run.dir=out/${nonexistent} does not resolve: Interpolation key 'nonexistent' not found"),
     # Checked before Hydra composes (check_command_line; its other cases run in-process below). Hydra's
