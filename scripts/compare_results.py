@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from summarize_results import env_of, find_runs  # noqa: E402
+from summarize_results import check_dirs_exist, env_of, find_runs  # noqa: E402
 
 
 def scores_by_task(roots: list[Path]) -> dict[tuple[str, int], list[float]]:
@@ -68,9 +68,7 @@ def main() -> None:
     parser.add_argument("--after", type=Path, nargs="+", required=True, help="run dirs, or folders holding them")
     parser.add_argument("--tasks", nargs="*", help="only these tasks (default: those both sets have)")
     args = parser.parse_args()
-    missing = [str(path) for path in args.before + args.after if not path.exists()]
-    if missing:  # else a mistyped path reads as a set with no runs in common
-        parser.error(f"no such dir: {', '.join(missing)}")
+    check_dirs_exist(parser, args.before + args.after)
     before, after = scores_by_task(args.before), scores_by_task(args.after)
     pairs = pair_up(list(before), list(after))
     if args.tasks:

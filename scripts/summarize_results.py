@@ -152,6 +152,13 @@ def _budget(path: Path) -> int | None:
     return None
 
 
+def check_dirs_exist(parser: argparse.ArgumentParser, paths: list[Path]) -> None:
+    """A usage error naming the paths that do not exist: else a mistyped path reads as a dir of no runs."""
+    missing = [str(path) for path in paths if not path.exists()]
+    if missing:
+        parser.error(f"no such dir: {', '.join(missing)}")
+
+
 def find_runs(roots: list[Path], complete_only: bool = True) -> list[Run]:
     """Runs under `roots`; with `complete_only`, those that reached their step budget (others are
     named on stderr: a run still going, or one that died, must not count as a seed)."""
@@ -273,6 +280,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="writes results.md and results/ here")
     parser.add_argument("--note", default="", help="a paragraph for results.md (how and where the runs ran)")
     args = parser.parse_args()
+    check_dirs_exist(parser, args.roots)
     runs = find_runs(args.roots)
     if not runs:
         sys.exit(f"no runs (folders with run_info.json and TensorBoard events) under {[str(r) for r in args.roots]}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from summarize_results import find_runs, format_sps, mean_sps  # noqa: E402
+from summarize_results import check_dirs_exist, find_runs, format_sps, mean_sps  # noqa: E402
 
 from train import recorded_overrides  # noqa: E402
 
@@ -30,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="a multirun dir (multirun/<date>)")
     args = parser.parse_args()
+    check_dirs_exist(parser, [args.sweep_dir])
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")

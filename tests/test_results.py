@@ -235,6 +235,17 @@ def test_compare_pairs_equal_tasks_and_a_config_change_against_its_baseline(tmp_
     assert typo.returncode == 2 and f"error: no such dir: {tmp_path / 'aftr'}" in typo.stderr
 
 
+@pytest.mark.parametrize("script", ["summarize_results.py", "summarize_sweep.py"])
+def test_the_summaries_name_a_dir_that_does_not_exist(tmp_path, script):
+    # as compare_results.py does (above): a mistyped dir is not a dir that holds no runs
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), str(tmp_path / "multrun")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"error: no such dir: {tmp_path / 'multrun'}" in result.stderr, result.stderr
+    empty = subprocess.run([sys.executable, str(ROOT / "scripts" / script), str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1 and "no runs" in empty.stderr and "no such dir" not in empty.stderr
+
+
 def test_compare_leaves_a_config_change_unpaired_where_its_baseline_is_ambiguous():
     from compare_results import pair_up
 
