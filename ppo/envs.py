@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import io
 import os
+import sys
 from typing import Protocol
 
 import numpy as np
@@ -285,12 +286,38 @@ class EnvpoolEnvs(_TensorEnvs):
         return {}  # envpool is seeded at construction; a reset restarts every episode from that stream
 
 
+def print_mujoco_warnings_once() -> None:
+    """Route the MuJoCo library's warnings (its Python package, which gymnasium's tasks run on) to stderr,
+    each distinct text once. Its own handler prints every one to stdout and appends it to MUJOCO_LOG.TXT
+    in the working directory: with MuJoCo 4, gymnasium 1.4's HalfCheetah model (`settotalmass`, now
+    deprecated) printed the same warning once per env, 64 times on a default run, and left that file
+    wherever the command ran. A physics warning (`Nan, Inf or huge value in QACC ...`) still shows, once.
+    MuJoCo keeps one handler per process, so this one stays. envpool embeds a MuJoCo of its own, untouched here."""
+    try:
+        import mujoco
+    except ImportError:  # gymnasium without its MuJoCo extra: tasks that need none
+        return
+    if mujoco.get_mju_user_warning() is _print_new_mujoco_warning:
+        return
+    mujoco.set_mju_user_warning(_print_new_mujoco_warning)
+
+
+_mujoco_warnings_seen: set[str] = set()
+
+
+def _print_new_mujoco_warning(text: str) -> None:
+    if text not in _mujoco_warnings_seen:
+        _mujoco_warnings_seen.add(text)
+        print(f"MuJoCo warning: {text}", file=sys.stderr, flush=True)
+
+
 class GymnasiumEnvs(_TensorEnvs):
     """gymnasium's synchronous vector env: `send` only stores the actions, `recv` steps them."""
 
     def __init__(self, settings: EnvSettings, device: torch.device):
         import gymnasium
 
+        print_mujoco_warnings_once()
         env = gymnasium.make_vec(
             settings.id, num_envs=settings.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP},

@@ -391,3 +391,31 @@ def test_env_pin_threads_pins_envpool_workers_one_per_cpu(pin):
     new = _threads_on_one_cpu() - before
     envs.close()
     assert sorted(entry.split(":")[1] for entry in new) == (["0", "1"] if pin else [])
+
+
+def test_mujoco_warnings_print_once_to_stderr_and_leave_no_log_file(tmp_path, monkeypatch, capfd):
+    # MuJoCo's own handler prints each warning to stdout and appends it to MUJOCO_LOG.TXT in the working
+    # dir: with MuJoCo 4, gymnasium's HalfCheetah model warned once per env (64 times by default).
+    # A physics warning is one MuJoCo raises on every version: a NaN position, here in each of two envs.
+    import mujoco
+
+    import ppo.envs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ppo.envs, "_mujoco_warnings_seen", set())
+    previous = mujoco.get_mju_user_warning()
+    try:
+        envs = make_envs(EnvSettings(id="InvertedPendulum-v4", num_envs=2, backend="gymnasium"), torch.device("cpu"),
+                         seed=0)
+        capfd.readouterr()
+        for env in envs.env.envs:
+            model, data = env.unwrapped.model, env.unwrapped.data
+            data.qpos[0] = np.nan
+            mujoco.mj_step(model, data)
+    finally:
+        mujoco.set_mju_user_warning(previous)
+    out, err = capfd.readouterr()
+    assert "QPOS" not in out
+    assert [line for line in err.splitlines() if "QPOS" in line] == [
+        "MuJoCo warning: Nan, Inf or huge value in QPOS at DOF 0. The simulation is unstable. Time = 0.0000."]
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
