@@ -51,7 +51,14 @@ from omegaconf.errors import OmegaConfBaseException
 from buffers import RolloutBuffer
 from ppo import distributed
 from ppo.agent import make_agent
-from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
+from ppo.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    numpy_rng_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    set_numpy_rng_state,
+)
 from ppo.collect import Collector
 from ppo.config import (
     ConfigError,
@@ -464,7 +471,7 @@ def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, ge
         **{name: normalizer.state_dict() for name, normalizer in normalizers.items()},
         "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+        "numpy_rng": numpy_rng_state(), "python_rng": random.getstate(),
     }
 
 
@@ -484,7 +491,7 @@ def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
     torch.set_rng_state(checkpoint["torch_rng"].cpu())
     if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])
-    np.random.set_state(checkpoint["numpy_rng"])
+    set_numpy_rng_state(checkpoint["numpy_rng"])
     random.setstate(checkpoint["python_rng"])
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 CHECKPOINT_DIR = "checkpoints"
@@ -46,17 +48,71 @@ def resolve_checkpoint(location: str) -> Path:
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     """The checkpoint at `path`, or a CheckpointError that says in one line why `path` is not one (torch's
-    own errors for such files are pickle's or the zip reader's, a screen of traceback)."""
+    own errors for such files are pickle's or the zip reader's, a screen of traceback).
+
+    Read with torch's weights-only unpickler, which rebuilds tensors and plain containers and nothing
+    else: a full unpickler runs whatever code a file names, and a checkpoint handed to evaluate.py may
+    come from anyone. Everything train.py writes is tensors, numbers, strings and containers of them."""
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-short copy has lost its end
+        raise CheckpointError(f"{path} is not a checkpoint: not a file torch.save wrote (a log, say), or a "
+                              f"copy of one cut short")
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as error:
-        text = str(error).strip()  # its first sentence: the zip reader's goes on for four more
-        reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
-        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({reason}); a copy cut "
-                              f"short, or a file torch did not write") from error
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:  # an object other than tensors, numbers, strings and containers
+        checkpoint = _load_older_checkpoint(path, device, error)
+    except (EOFError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(error)})") \
+            from error
     missing = [key for key in KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else list(KEYS)
     if missing:
         shown = ", ".join(f"`{key}`" for key in missing[:3]) + (", ..." if len(missing) > 3 else "")
         raise CheckpointError(f"{path} is not a checkpoint of train.py: a torch file without {shown} (it "
                               f"writes <run dir>/{CHECKPOINT_DIR}/{LAST})")
     return checkpoint
+
+
+def _load_older_checkpoint(path: Path, device: torch.device, error: pickle.UnpicklingError) -> dict[str, Any]:
+    """A checkpoint written before 2026-12-04, which holds numpy's RNG state as a numpy array: loaded with
+    numpy's array classes allowed, and nothing else. Any other object is refused."""
+    try:
+        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except (RuntimeError, ValueError):
+        unsafe = set()
+    if not unsafe:  # not an object the unpickler refused: a pickle it cannot read at all
+        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(error)})") \
+            from error
+    if not unsafe <= _NUMPY_ARRAY_NAMES:
+        raise CheckpointError(f"{path} is not a checkpoint of train.py: it holds objects a checkpoint does not "
+                              f"({', '.join(sorted(unsafe))}), which loading would run code to rebuild") from error
+    reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+    allowed = [(reconstruct, "numpy.core.multiarray._reconstruct"),
+               (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location=device, weights_only=True)
+
+
+# An older checkpoint's numpy array (of uint32: the RNG's keys), under the names numpy 1 and 2 pickle it by.
+_NUMPY_ARRAY_NAMES = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
+                      "numpy.dtype", "numpy.dtypes.UInt32DType"}
+
+
+def _first_sentence(error: Exception) -> str:
+    """torch's messages for unreadable files go on for several sentences (the zip reader's for five)."""
+    text = str(error).strip()
+    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
+
+
+def numpy_rng_state() -> dict[str, Any]:
+    """numpy's global RNG state in tensors and numbers, which a weights-only load reads back (its own
+    form holds a numpy array)."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": position,
+            "has_gauss": has_gauss, "cached_gaussian": cached_gaussian}
+
+
+def set_numpy_rng_state(state: dict[str, Any] | tuple) -> None:
+    if isinstance(state, tuple):  # numpy's own form, in checkpoints written before 2026-12-04
+        np.random.set_state(state)
+        return
+    np.random.set_state((state["name"], state["keys"].cpu().numpy().astype(np.uint32), state["position"],
+                         state["has_gauss"], state["cached_gaussian"]))

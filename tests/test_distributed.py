@@ -91,11 +91,11 @@ def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert "x 2 workers" in first.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a0"]
-    checkpoint = torch.load(tmp_path / "a0" / "checkpoints" / "last.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "a0" / "checkpoints" / "last.pt", weights_only=True)
     assert checkpoint["global_step"] == 1024 and checkpoint["iteration"] == 2  # 2 workers x 256 steps x 2
     assert len(list((tmp_path / "a0").glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
 
     second = torchrun("total_timesteps=2048", f"resume={tmp_path / 'a0'}", f"hydra.run.dir={tmp_path / 'b'}")
     assert second.returncode == 0, second.stderr[-3000:]
-    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)
     assert (resumed["global_step"], resumed["iteration"]) == (2048, 4)

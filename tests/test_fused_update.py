@@ -248,7 +248,7 @@ def test_a_fused_run_trains_checkpoints_and_resumes(tmp_path):
     second = subprocess.run([sys.executable, "train.py", *common, "total_timesteps=256", f"resume={tmp_path / 'a'}",
                              f"hydra.run.dir={tmp_path / 'b'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
-    checkpoint = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)
+    checkpoint = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)
     steps = {float(state["step"]) for state in checkpoint["optimizer"]["state"].values()}
     assert steps == {16.0}  # 4 updates x 2 epochs x 2 minibatches, every parameter's count advanced
 

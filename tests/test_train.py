@@ -16,7 +16,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo.checkpoint import resolve_checkpoint
+from ppo.checkpoint import (
+    KEYS,
+    CheckpointError,
+    load_checkpoint,
+    numpy_rng_state,
+    resolve_checkpoint,
+    set_numpy_rng_state,
+)
 from ppo.config import settings_from_dict
 from ppo.logger import RunLogger, final_step
 from tests.toy_env import TOY_ID, TOY_NAN_ID, register_toy_envs
@@ -47,7 +54,7 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     # train.log keeps what the console showed, each line time-stamped.
     logged = [line.split("] ", 1)[1] for line in (tmp_path / "train.log").read_text().splitlines()]
     assert logged == result.stdout.splitlines()
-    checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    checkpoint = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=True)
     assert checkpoint["global_step"] == 512 and checkpoint["iteration"] == 2
     # The simulator build is part of what a result depends on: run_info names it, MuJoCo included.
     info = json.loads((tmp_path / "run_info.json").read_text())
@@ -107,13 +114,44 @@ def test_the_console_rate_leaves_out_the_first_iteration(tmp_path, capsys, monke
     assert "| SPS 18,432 |" in last and "ETA 0m00s" in last
 
 
+def test_checkpoints_load_weights_only_and_older_ones_still_do(tmp_path):
+    import numpy as np
+
+    # numpy's RNG state goes into a checkpoint as tensors and numbers, and comes back whole
+    np.random.seed(3)
+    np.random.standard_normal()  # a cached Gaussian is part of the state
+    state = numpy_rng_state()
+    draws = np.random.standard_normal(5)
+    set_numpy_rng_state(state)
+    np.testing.assert_array_equal(np.random.standard_normal(5), draws)
+
+    stub = {key: torch.zeros(2) for key in KEYS}
+    torch.save({**stub, "numpy_rng": state}, tmp_path / "new.pt")
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "new.pt") == []
+    loaded = load_checkpoint(tmp_path / "new.pt", torch.device("cpu"))
+    set_numpy_rng_state(loaded["numpy_rng"])
+    np.testing.assert_array_equal(np.random.standard_normal(5), draws)
+
+    # Written before 2026-12-04: numpy's own form, a numpy array in a tuple
+    set_numpy_rng_state(state)
+    torch.save({**stub, "numpy_rng": np.random.get_state()}, tmp_path / "older.pt")
+    set_numpy_rng_state(load_checkpoint(tmp_path / "older.pt", torch.device("cpu"))["numpy_rng"])
+    np.testing.assert_array_equal(np.random.standard_normal(5), draws)
+
+    # Any other object is refused, not rebuilt: a pickle can name any callable to rebuild it with
+    torch.save({**stub, "settings": Path("/")}, tmp_path / "code.pt")
+    with pytest.raises(CheckpointError, match=r"code.pt is not a checkpoint of train.py: it holds objects a "
+                                              r"checkpoint does not \(pathlib.PosixPath\), which loading would"):
+        load_checkpoint(tmp_path / "code.pt", torch.device("cpu"))
+
+
 def test_resume_continues_the_step_count_and_state(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",
               "model.shared_trunk=true"]
     first = run_train(*common, "total_timesteps=512", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
-    before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=False)
+    before = torch.load(resolve_checkpoint(str(tmp_path / "a")), weights_only=True)
     # The run's overrides forgotten: an error naming the settings, and the command that continues it.
     forgot = run_train(*common[:-2], "total_timesteps=1024", f"resume={tmp_path / 'a'}",
                        f"hydra.run.dir={tmp_path / 'forgot'}")
@@ -140,7 +178,7 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     info = json.loads((tmp_path / "b" / "run_info.json").read_text())
     assert (info["resumed_from"], info["resumed_at_step"]) == (str(source.resolve()), 512)
     assert "resumed_from" not in json.loads((tmp_path / "a" / "run_info.json").read_text())
-    after = torch.load(resolve_checkpoint(str(tmp_path / "b")), weights_only=False)
+    after = torch.load(resolve_checkpoint(str(tmp_path / "b")), weights_only=True)
     assert (before["global_step"], after["global_step"]) == (512, 1024)
     assert after["iteration"] == before["iteration"] + 2
     assert after["obs_normalizer"]["count"] > before["obs_normalizer"]["count"]
@@ -166,7 +204,7 @@ def test_a_compiled_cpu_run_resumes_with_its_adam_state(tmp_path):
     second = run_train(*common, "total_timesteps=2048", f"resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
     assert second.returncode == 0, second.stderr
     for run, updates in (("a", 4), ("b", 8)):  # 256 samples per update, 2 epochs x 4 minibatches each
-        state = torch.load(resolve_checkpoint(str(tmp_path / run)), weights_only=False)["optimizer"]["state"]
+        state = torch.load(resolve_checkpoint(str(tmp_path / run)), weights_only=True)["optimizer"]["state"]
         assert {float(s["step"]) for s in state.values()} == {8.0 * updates}
 
 
@@ -184,7 +222,7 @@ def test_a_seed_repeats_its_run_bit_for_bit_and_another_seed_does_not(tmp_path, 
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
         result = run_train(*common, f"seed={seed}", f"hydra.run.dir={tmp_path / name}")
         assert result.returncode == 0, result.stderr
-        checkpoint = torch.load(resolve_checkpoint(str(tmp_path / name)), weights_only=False)
+        checkpoint = torch.load(resolve_checkpoint(str(tmp_path / name)), weights_only=True)
         score = result.stdout.split("finished at step 1,024 after ")[1].split(": ")[1].split(";")[0]
         runs[name] = (checkpoint["agent"], checkpoint["obs_normalizer"]["mean"], score)
 
@@ -213,7 +251,7 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium or auto"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
     (f"resume={ROOT / 'README.md'}", f"error: resume={ROOT / 'README.md'}: {ROOT / 'README.md'} is not a checkpoint: "
-                                     "torch.load cannot read it (invalid load key"),
+                                     "not a file torch.save wrote"),
     ("hydra.run.dir=out/${nonexistent}",  # Hydra's own message would be a traceback of its formatter
      "error: hydra.run.dir=out/${nonexistent} does not resolve: Interpolation key 'nonexistent' not found"),
     # Checked before Hydra composes (check_command_line; its other cases run in-process below). Hydra's
@@ -360,7 +398,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
         train.train(settings, str(tmp_path), torch.device("cpu"))
     failed_at = int(re.search(r"iteration (\d+)", str(error.value)).group(1))
     assert failed_at > 1  # rewards turn NaN after 40 env steps
-    good = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)
+    good = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=True)
     assert good["iteration"] == failed_at - 1 and all(v.isfinite().all() for v in good["agent"].values())
     assert (tmp_path / "train.log").read_text().splitlines()[-1].endswith(f"] error: {error.value}")
 
@@ -408,7 +446,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert go_on[:2] == ["python", "train.py"] and go_on[-1] == f"resume={run_dirs[0]}"
     assert "env=InvertedPendulum-v4" in go_on and ("seed=1" in go_on) == sweep
     assert not any(arg.startswith("hydra.") for arg in go_on)
-    checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=False)
+    checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=True)
     assert 0 < checkpoint["global_step"] < 10_000_000
 
 
@@ -460,7 +498,7 @@ def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     assert "for 1,024 steps" not in (tmp_path / "train.log").read_text()
     assert "total_timesteps=1024" not in (tmp_path / ".hydra" / "overrides.yaml").read_text()
     # Once that run has ended, the dir is free again: a resume in place continues it.
-    step = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=False)["global_step"]
+    step = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=True)["global_step"]
     third = run_train(*common, f"total_timesteps={step + 256}", f"resume={tmp_path}", timeout=120)
     assert third.returncode == 0, third.stderr
     assert f"finished at step {step + 256:,}" in third.stdout
