@@ -1,6 +1,7 @@
 """Data parallel on CPU with two gloo workers: after an update both ranks hold the same parameters,
 equal to one worker's update on the combined batch; normaliser statistics merge; torchrun runs."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,12 @@ def torchrun(*overrides: str) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
          "env=InvertedPendulum-v4", "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64",
          "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        # faulthandler: a worker that aborts (rank 1 did, rarely, under load; session 58) prints where it was
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    return f"{result.stdout[-2000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
 
 
 def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
@@ -88,7 +94,7 @@ def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
     # is given another dir, as when the second worker's read comes a second after rank 0's. Rank 0's
     # dir holds the run; the other worker removes its own, which holds only `.hydra/`.
     first = torchrun("total_timesteps=1024", f"hydra.run.dir={tmp_path / 'a'}" + "${oc.env:RANK}")
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 0, output(first)
     assert "x 2 workers" in first.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a0"]
     checkpoint = torch.load(tmp_path / "a0" / "checkpoints" / "last.pt", weights_only=True)
@@ -96,6 +102,6 @@ def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
     assert len(list((tmp_path / "a0").glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
 
     second = torchrun("total_timesteps=2048", f"resume={tmp_path / 'a0'}", f"hydra.run.dir={tmp_path / 'b'}")
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 0, output(second)
     resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)
     assert (resumed["global_step"], resumed["iteration"]) == (2048, 4)
