@@ -53,7 +53,7 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     Read with torch's weights-only unpickler, which rebuilds tensors and plain containers and nothing
     else: a full unpickler runs whatever code a file names, and a checkpoint handed to evaluate.py may
     come from anyone. Everything train.py writes is tensors, numbers, strings and containers of them."""
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut-short copy has lost its end
+    if not _is_torch_archive(path):
         raise CheckpointError(f"{path} is not a checkpoint: not a file torch.save wrote (a log, say), or a "
                               f"copy of one cut short")
     try:
@@ -71,14 +71,23 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     return checkpoint
 
 
+def _is_torch_archive(path: Path) -> bool:
+    """torch.save writes a zip archive with a `<name>/data.pkl`; a cut-short copy has lost the zip's end."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("/data.pkl") for name in archive.namelist())
+
+
 def _load_older_checkpoint(path: Path, device: torch.device, error: pickle.UnpicklingError) -> dict[str, Any]:
     """A checkpoint written before 2026-12-04, which holds numpy's RNG state as a numpy array: loaded with
     numpy's array classes allowed, and nothing else. Any other object is refused."""
     try:
         unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except (RuntimeError, ValueError):
-        unsafe = set()
-    if not unsafe:  # not an object the unpickler refused: a pickle it cannot read at all
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as garbled:  # a pickle no unpickler reads
+        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(garbled)})") \
+            from error
+    if not unsafe:  # refused, yet no object named: the weights-only unpickler's own limits
         raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(error)})") \
             from error
     if not unsafe <= _NUMPY_ARRAY_NAMES:
@@ -111,6 +120,7 @@ def numpy_rng_state() -> dict[str, Any]:
 
 
 def set_numpy_rng_state(state: dict[str, Any] | tuple) -> None:
+    """Restore numpy's global RNG from numpy_rng_state's form, or from numpy's own tuple."""
     if isinstance(state, tuple):  # numpy's own form, in checkpoints written before 2026-12-04
         np.random.set_state(state)
         return

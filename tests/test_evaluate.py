@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,23 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
     assert other != first
 
     # What is not a checkpoint of train.py says so in one line (torch's own errors are pickle's or
-    # zip's): a copy cut short, a file of the run that is not the checkpoint, a torch file of weights.
+    # zip's): a copy cut short, a file of the run that is not the checkpoint, a zip archive that torch
+    # did not write, a torch archive whose pickle is garbled, a torch file of weights.
     from ppo.checkpoint import CheckpointError, load_checkpoint
 
     real = tmp_path / "checkpoints" / "last.pt"
     assert load_checkpoint(real, torch.device("cpu"))["global_step"] == 2048
     (tmp_path / "torn.pt").write_bytes(real.read_bytes()[:4096])
     torch.save(load_checkpoint(real, torch.device("cpu"))["agent"], tmp_path / "weights.pt")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as archive:
+        archive.writestr("notes.txt", "not a checkpoint")
+    with zipfile.ZipFile(real) as source, zipfile.ZipFile(tmp_path / "garbled.pt", "w") as archive:
+        for name in source.namelist():
+            archive.writestr(name, b"garbled" if name.endswith("/data.pkl") else source.read(name))
     for name, message in [("torn.pt", "is not a checkpoint: not a file torch.save wrote"),
                           ("train.log", "is not a checkpoint: not a file torch.save wrote"),
+                          ("other.zip", "is not a checkpoint: not a file torch.save wrote"),
+                          ("garbled.pt", "is not a checkpoint: torch.load cannot read it ("),
                           ("weights.pt", "is not a checkpoint of train.py: a torch file without `settings`, ")]:
         with pytest.raises(CheckpointError) as error:
             load_checkpoint(tmp_path / name, torch.device("cpu"))
