@@ -544,7 +544,9 @@ class Sweep(Callback):
                 lines = [f"  {names[0]}: {why}" + f" (and {len(names) - 1} more corners)" * (len(names) > 1)
                          for why, names in by_reason.items()]
             shown = lines[:10] + [f"  ... and {len(lines) - 10} more"] * (len(lines) > 10)
-            what += "" if grid else " (each choice, each integer of a short range, the ends of others)"
+            if not grid:
+                what += (" (each choice, each integer of a short range, the ends of others, a value inside a float "
+                         "range)")
             print(f"error: {len(failed)} of {len(jobs)} {what} fail their checks, so {none_started}:", *shown,
                   sep="\n", file=sys.stderr)
             sys.exit(2)
@@ -603,9 +605,11 @@ def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -
     minibatches: only the powers of two may divide the batch), and the two ends of a longer one or of
     a float `interval(...)`, in every combination while there are at most `most` of them, else each
     value once, beside the first value of the others. A value the checks refuse there would stop the
-    search at the first trial that draws one, after the trials before it have trained. Float values
-    between the ends are not tried: the checks on floats are bounds, which the ends meet if any value
-    does. [] if the plugin cannot parse the space."""
+    search at the first trial that draws one, after the trials before it have trained. A float range
+    adds one value between its ends, beside the first value of the others: most checks on floats are
+    bounds, which the ends meet if any value does, but an integer key swept over a float range
+    (`total_timesteps=interval(1e5,1e6)`) passes at both whole ends and fails at nearly every draw
+    between them. [] if the plugin cannot parse the space."""
     try:
         from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
         from optuna.distributions import CategoricalDistribution
@@ -624,14 +628,28 @@ def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -
             return list(range(dist.low, dist.high + 1, step))
         return sorted({dist.low, dist.high})
 
-    values = {name: tried(dist) for name, dist in space.items() if name not in fixed}
+    def between(dist) -> list:
+        """[a value of a float range that a trial might draw, not at its ends], or [] for other ranges."""
+        if isinstance(dist, CategoricalDistribution) or isinstance(getattr(dist, "step", None), int):
+            return []
+        # The golden section: not a round fraction, so an integer key's range gives a fraction here.
+        value = dist.low + (dist.high - dist.low) * (3 - math.sqrt(5)) / 2
+        grid = getattr(dist, "q", None) or getattr(dist, "step", None)  # a float range(...) draws on its grid
+        if grid:
+            value = dist.low + round((value - dist.low) / grid) * grid
+        return [value] if dist.low < value < dist.high else []
+
+    swept_space = {name: dist for name, dist in space.items() if name not in fixed}
+    values = {name: tried(dist) for name, dist in swept_space.items()}
     names = list(values)
+    firsts = [v[0] for v in values.values()]
     if math.prod(len(v) for v in values.values()) <= most:
-        picks = [list(combination) for combination in itertools.product(*values.values())]
+        picks = [tuple(combination) for combination in itertools.product(*values.values())]
     else:
-        firsts = [v[0] for v in values.values()]
-        picks = list(dict.fromkeys(tuple(firsts[:i] + [value] + firsts[i + 1:])
-                                   for i, name in enumerate(names) for value in values[name]))
+        picks = [tuple(firsts[:i] + [value] + firsts[i + 1:]) for i, name in enumerate(names) for value in values[name]]
+    picks += [tuple(firsts[:i] + [value] + firsts[i + 1:])
+              for i, dist in enumerate(swept_space.values()) for value in between(dist)]
+    picks = list(dict.fromkeys(picks))
     corners = []
     for pick in picks:
         swept = [f"{name}={value}" for name, value in zip(names, pick, strict=True)]

@@ -2,6 +2,7 @@
 sweep summary."""
 
 import csv
+import re
 import shlex
 import subprocess
 import sys
@@ -13,6 +14,12 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["env=InvertedPendulum-v4", "total_timesteps=1024", "env.num_envs=4", "ppo.num_steps=64",
         "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu"]
+
+
+def search_refused(failed: int, corners: int) -> str:
+    """The first line of an Optuna search's refusal, which says what it tried (train.search_space_corners)."""
+    return (f"error: {failed} of {corners} corners of this search space (each choice, each integer of a short range, "
+            "the ends of others, a value inside a float range) fail their checks, so no trial was started:")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -99,17 +106,16 @@ def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
 def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     # Left to check themselves, the trials that drew 4 would train and the first to draw 3 would stop
     # the search. Each choice is tried beside each corner of ppo_search's space (3 choices and 3
-    # intervals of two ends; its update_epochs is fixed here): 2 x 24 corners, the 24 with 3 fail for
-    # one reason, shown once.
+    # intervals of two ends; its update_epochs is fixed here): 2 x 24 corners, and a value inside each
+    # interval beside the first of the others, 51. The 24 with 3 fail for one reason, shown once.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
     result = run("train.py", "-m", "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny,
                  f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
-    assert "checking the 48 corners of this search space before the first trial starts...\n" in result.stdout
+    assert "checking the 51 corners of this search space before the first trial starts...\n" in result.stdout
     lines = result.stderr.splitlines()
-    assert lines[0] == ("error: 24 of 48 corners of this search space (each choice, each integer of a short range, "
-                        "the ends of others) fail their checks, so no trial was started:"), lines
+    assert lines[0] == search_refused(24, 51), lines
     assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
     assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
                              "ppo.num_steps = 4 x 64 = 256 (and 23 more corners)"), lines[1]
@@ -118,37 +124,52 @@ def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
 
 def test_a_large_search_space_checks_each_value_once(tmp_path):
     # 30 x 10 x 2 combinations are too many to compose (0.1 s each): each value is tried once, beside
-    # the first value of the others, 30 + 9 + 1 corners. An interval's lower end fails here. (A
+    # the first value of the others, 30 + 9 + 1 corners, and one inside the interval. The interval's
+    # lower end fails here. (A
     # range(...) is an integer interval to Optuna, with two ends; choice(...) lists each value.)
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.update_epochs=")]
     seeds = ",".join(map(str, range(1, 31)))
     epochs = ",".join(map(str, range(1, 11)))
     result = run("train.py", "-m", "hydra/sweeper=optuna", f"seed=choice({seeds})",
-                 f"ppo.update_epochs=choice({epochs})", "ppo.clip_coef=interval(-0.5,0.3)", *tiny,
+                 f"ppo.update_epochs=choice({epochs})", "ppo.clip_coef=interval(-0.1,0.3)", *tiny,
                  f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
-    assert lines == ["error: 39 of 40 corners of this search space (each choice, each integer of a short range, the "
-                     "ends of others) fail their checks, so no trial was started:",
-                     "  seed=1 ppo.update_epochs=1 ppo.clip_coef=-0.5: `ppo.clip_coef` must be positive, got -0.5 "
+    assert lines == [search_refused(39, 41),
+                     "  seed=1 ppo.update_epochs=1 ppo.clip_coef=-0.1: `ppo.clip_coef` must be positive, got -0.1 "
                      "(and 38 more corners)"], lines
 
 
 def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
     # Both ends of 4..16 divide the batch of 256, as 8 does; each of the 10 integers between that do
-    # not would stop the search at the trial that drew it. A float interval is tried at its ends only.
+    # not would stop the search at the trial that drew it. The float interval passes at its ends and inside.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
     result = run("train.py", "-m", "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
                  "ppo.clip_coef=interval(0.1,0.3)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
-    assert lines[0] == ("error: 20 of 26 corners of this search space (each choice, each integer of a short range, "
-                        "the ends of others) fail their checks, so no trial was started:"), lines
+    assert lines[0] == search_refused(20, 27), lines
     failed = [line.split(":")[0].split()[0] for line in lines[1:]]
     assert failed == [f"ppo.num_minibatches={n}" for n in (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)], lines
     assert all(line.endswith(" (and 1 more corners)") for line in lines[1:])  # the other end of clip_coef
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
+    # An integer key over a float interval: both ends are whole numbers and pass, and nearly every
+    # value a trial draws between them is not, so the first trial would stop the search.
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    tiny = [arg for arg in TINY if not arg.startswith("total_timesteps=")]
+    result = run("train.py", "-m", "hydra/sweeper=optuna", "total_timesteps=interval(1e3,4e3)",
+                 "ppo.clip_coef=choice(0.1,0.2)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2 and lines[0] == search_refused(1, 5), lines
+    drawn = re.fullmatch(r"  total_timesteps=(\S+) ppo.clip_coef=0.1: `total_timesteps` must be an integer, got (\S+)",
+                         lines[1])
+    assert drawn and drawn[1] == drawn[2] and 1e3 < float(drawn[1]) < 4e3, lines
     assert not (tmp_path / "sweep").exists()
 
 
