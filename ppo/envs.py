@@ -13,6 +13,7 @@ import difflib
 import io
 import os
 import sys
+import warnings
 from typing import Protocol
 
 import numpy as np
@@ -269,7 +270,13 @@ class EnvpoolEnvs(_TensorEnvs):
         # plus a group's first env) may pass 2**31 - 1. Seeds below that are passed as they are.
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed % 2**31,
                            num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
-        super().__init__(env, settings.id, settings.num_envs, env.observation_space, env.action_space, device)
+        with warnings.catch_warnings():
+            # envpool states some tasks' observation bounds (Pendulum-v1's) in float64 and builds float32
+            # Boxes from them: gymnasium warns, for low and high, that the cast lowers precision (four
+            # lines on every run). Nothing here reads bounds at more than float32.
+            warnings.filterwarnings("ignore", r".*Box (low|high)'s precision lowered", UserWarning)
+            spaces = env.observation_space, env.action_space
+        super().__init__(env, settings.id, settings.num_envs, *spaces, device)
         self._env_ids = np.arange(settings.num_envs, dtype=np.int32)
 
     def send(self, actions: torch.Tensor) -> None:

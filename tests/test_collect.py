@@ -3,6 +3,7 @@ bootstraps and the advantages that come out, computed by hand."""
 
 import os
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -391,6 +392,18 @@ def test_env_pin_threads_pins_envpool_workers_one_per_cpu(pin):
     new = _threads_on_one_cpu() - before
     envs.close()
     assert sorted(entry.split(":")[1] for entry in new) == (["0", "1"] if pin else [])
+
+
+@pytest.mark.skipif(not _envpool_has("Pendulum-v1"), reason="this envpool build has no Pendulum-v1")
+def test_envpool_float64_bounds_give_no_precision_warnings():
+    # envpool (1.2.5) states Pendulum-v1's observation bounds in float64 and builds float32 Boxes from
+    # them: gymnasium warned (four lines) on every run and every evaluate.py that the cast lowers precision.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = make_envs(EnvSettings(id="Pendulum-v1", num_envs=2, backend="envpool"), torch.device("cpu"), seed=0)
+        envs.close()
+    assert [str(w.message) for w in caught if "precision" in str(w.message)] == []
+    assert (envs.action_low.tolist(), envs.action_high.tolist()) == ([-2.0], [2.0])
 
 
 def test_mujoco_warnings_print_once_to_stderr_and_leave_no_log_file(tmp_path, monkeypatch, capfd):
