@@ -600,16 +600,20 @@ def grid_jobs(config: DictConfig) -> list[tuple[str, list[str]]]:
 
 
 def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -> list[tuple[str, list[str]]]:
-    """An Optuna search's corners, each as (its swept values, its overrides): every choice of a
-    `choice(...)`, every integer of an integer range of at most `whole` of them (`int(interval(4, 64))`
-    minibatches: only the powers of two may divide the batch), and the two ends of a longer one or of
-    a float `interval(...)`, in every combination while there are at most `most` of them, else each
-    value once, beside the first value of the others. A value the checks refuse there would stop the
-    search at the first trial that draws one, after the trials before it have trained. A float range
-    adds one value between its ends, beside the first value of the others: most checks on floats are
-    bounds, which the ends meet if any value does, but an integer key swept over a float range
-    (`total_timesteps=interval(1e5,1e6)`) passes at both whole ends and fails at nearly every draw
-    between them. [] if the plugin cannot parse the space."""
+    """An Optuna search's corners, each as (its swept values, its overrides). A value the checks refuse
+    there would stop the search at the first trial that draws one, after the trials before it have trained.
+    - Discrete keys: every value of a `choice(...)`, every integer of an integer range of at most `whole`
+      of them (`int(interval(4, 64))` minibatches: only the powers of two may divide the batch), the two
+      ends of a longer one or of a float `range(...)`; in every combination while there are at most
+      `most` of them, else each value once, beside the first value of the others. Checks that read
+      several keys read these (`ppo.num_minibatches` must divide `env.num_envs` x `ppo.num_steps`).
+    - A float `interval(...)`: its two ends and one value between, each beside the first value of the
+      others. The checks on a float are bounds on that key alone (`ppo.gamma` in [0, 1]), which the
+      ends meet if any value does, so its values are not combined with the others': four such ranges
+      would otherwise take 16 times the combinations. The value between catches an integer key swept
+      over a float range (`total_timesteps=interval(1e5,1e6)`), which passes at its two whole ends and
+      fails at nearly every draw between them.
+    [] if the plugin cannot parse the space."""
     try:
         from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
         from optuna.distributions import CategoricalDistribution
@@ -620,38 +624,42 @@ def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -
     except Exception:  # the plugin's own errors are plain exceptions: it says why when it parses them next
         return []
 
+    def continuous(dist) -> bool:
+        """A float interval: no step (optuna 2's UniformDistribution, 3's FloatDistribution without one)."""
+        return not isinstance(dist, CategoricalDistribution) and not getattr(dist, "step", None) \
+            and not getattr(dist, "q", None)
+
     def tried(dist) -> list:
         if isinstance(dist, CategoricalDistribution):
             return list(dist.choices)
         step = getattr(dist, "step", None)  # an int for integer ranges (all optuna versions), else None or a float
         if isinstance(step, int) and isinstance(dist.low, int) and (dist.high - dist.low) // step < whole:
             return list(range(dist.low, dist.high + 1, step))
-        return sorted({dist.low, dist.high})
+        ends = sorted({dist.low, dist.high})
+        if continuous(dist):  # the golden section: not a round fraction, so an integer key gets a fraction
+            ends.insert(1, dist.low + (dist.high - dist.low) * (3 - math.sqrt(5)) / 2)
+        return ends
 
-    def between(dist) -> list:
-        """[a value of a float range that a trial might draw, not at its ends], or [] for other ranges."""
-        if isinstance(dist, CategoricalDistribution) or isinstance(getattr(dist, "step", None), int):
-            return []
-        # The golden section: not a round fraction, so an integer key's range gives a fraction here.
-        value = dist.low + (dist.high - dist.low) * (3 - math.sqrt(5)) / 2
-        grid = getattr(dist, "q", None) or getattr(dist, "step", None)  # a float range(...) draws on its grid
-        if grid:
-            value = dist.low + round((value - dist.low) / grid) * grid
-        return [value] if dist.low < value < dist.high else []
-
-    swept_space = {name: dist for name, dist in space.items() if name not in fixed}
-    values = {name: tried(dist) for name, dist in swept_space.items()}
+    values = {name: tried(dist) for name, dist in space.items() if name not in fixed}
     names = list(values)
     firsts = [v[0] for v in values.values()]
-    if math.prod(len(v) for v in values.values()) <= most:
-        picks = [tuple(combination) for combination in itertools.product(*values.values())]
+
+    def beside_firsts(i: int, value) -> tuple:
+        return tuple(firsts[:i] + [value] + firsts[i + 1:])
+
+    discrete = [i for i, name in enumerate(names) if not continuous(space[name])]
+    if math.prod(len(values[names[i]]) for i in discrete) <= most:
+        picks = []
+        for combination in itertools.product(*(values[names[i]] for i in discrete)):
+            pick = list(firsts)
+            for i, value in zip(discrete, combination, strict=True):
+                pick[i] = value
+            picks.append(tuple(pick))
     else:
-        picks = [tuple(firsts[:i] + [value] + firsts[i + 1:]) for i, name in enumerate(names) for value in values[name]]
-    picks += [tuple(firsts[:i] + [value] + firsts[i + 1:])
-              for i, dist in enumerate(swept_space.values()) for value in between(dist)]
-    picks = list(dict.fromkeys(picks))
+        picks = [beside_firsts(i, value) for i in discrete for value in values[names[i]]]
+    picks += [beside_firsts(i, value) for i, name in enumerate(names) if i not in discrete for value in values[name]]
     corners = []
-    for pick in picks:
+    for pick in dict.fromkeys(picks):
         swept = [f"{name}={value}" for name, value in zip(names, pick, strict=True)]
         corners.append((" ".join(swept), swept + [f"{name}={value}" for name, value in fixed.items()]))
     return corners

@@ -105,27 +105,27 @@ def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
 
 def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     # Left to check themselves, the trials that drew 4 would train and the first to draw 3 would stop
-    # the search. Each choice is tried beside each corner of ppo_search's space (3 choices and 3
-    # intervals of two ends; its update_epochs is fixed here): 2 x 24 corners, and a value inside each
-    # interval beside the first of the others, 51. The 24 with 3 fail for one reason, shown once.
+    # the search. Each choice is tried beside each clip_coef of ppo_search's space (its update_epochs
+    # is fixed here), 2 x 3 corners; its 3 float intervals, at their ends and a value between, beside
+    # the first values of the others, 6 more. The 3 with 3 fail for one reason, shown once.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
     result = run("train.py", "-m", "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny,
                  f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
-    assert "checking the 51 corners of this search space before the first trial starts...\n" in result.stdout
+    assert "checking" not in result.stdout  # said from 20 corners up (0.1 s each)
     lines = result.stderr.splitlines()
-    assert lines[0] == search_refused(24, 51), lines
+    assert lines[0] == search_refused(3, 12), lines
     assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
     assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
-                             "ppo.num_steps = 4 x 64 = 256 (and 23 more corners)"), lines[1]
+                             "ppo.num_steps = 4 x 64 = 256 (and 2 more corners)"), lines[1]
     assert not (tmp_path / "sweep").exists()
 
 
 def test_a_large_search_space_checks_each_value_once(tmp_path):
-    # 30 x 10 x 2 combinations are too many to compose (0.1 s each): each value is tried once, beside
-    # the first value of the others, 30 + 9 + 1 corners, and one inside the interval. The interval's
-    # lower end fails here. (A
+    # 30 x 10 combinations are too many to compose (0.1 s each): each value is tried once, beside the
+    # first value of the others, 30 + 9 corners, and the interval's other end and a value inside it. The
+    # interval's lower end, the first value of clip_coef, fails here. (A
     # range(...) is an integer interval to Optuna, with two ends; choice(...) lists each value.)
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.update_epochs=")]
@@ -136,6 +136,7 @@ def test_a_large_search_space_checks_each_value_once(tmp_path):
                  f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
+    assert "checking the 41 corners of this search space before the first trial starts...\n" in result.stdout
     assert lines == [search_refused(39, 41),
                      "  seed=1 ppo.update_epochs=1 ppo.clip_coef=-0.1: `ppo.clip_coef` must be positive, got -0.1 "
                      "(and 38 more corners)"], lines
@@ -143,19 +144,38 @@ def test_a_large_search_space_checks_each_value_once(tmp_path):
 
 def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
     # Both ends of 4..16 divide the batch of 256, as 8 does; each of the 10 integers between that do
-    # not would stop the search at the trial that drew it. The float interval passes at its ends and inside.
+    # not would stop the search at the trial that drew it. The float interval passes at its ends and
+    # inside; it is tried beside the first value of the other key only, 13 + 2 corners.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
     result = run("train.py", "-m", "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
                  "ppo.clip_coef=interval(0.1,0.3)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
-    assert lines[0] == search_refused(20, 27), lines
-    failed = [line.split(":")[0].split()[0] for line in lines[1:]]
-    assert failed == [f"ppo.num_minibatches={n}" for n in (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)], lines
-    assert all(line.endswith(" (and 1 more corners)") for line in lines[1:])  # the other end of clip_coef
+    assert lines[0] == search_refused(10, 15), lines
+    dividing_not = (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)
+    assert lines[1:] == [f"  ppo.num_minibatches={n} ppo.clip_coef=0.1: `ppo.num_minibatches` ({n}) must divide the "
+                         "batch, env.num_envs x ppo.num_steps = 4 x 64 = 256" for n in dividing_not], lines
     assert not (tmp_path / "sweep").exists()
 
+
+def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges(tmp_path):
+    # ppo.num_minibatches=32 divides the batch at ppo.num_steps=64 (4 x 64) but not at 100 (4 x 100), so
+    # only the two together fail. Four float intervals beside them: their ends are not combined with
+    # the rest, so the 3 x 2 x 2 discrete combinations stay within the 128 composed in full (2**4 x 12
+    # would not, and each value would then be tried once, beside the first values, missing this pair).
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "ppo.num_steps="))]
+    result = run("train.py", "-m", "+sweep=ppo_search", "ppo.gamma=interval(0.95,0.999)",
+                 "ppo.num_minibatches=choice(4,32)", "ppo.num_steps=choice(64,100)", *tiny,
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == search_refused(3, 20), lines
+    assert len(lines) == 2 and lines[1].endswith(
+        " ppo.num_minibatches=32 ppo.num_steps=100: `ppo.num_minibatches` (32) must divide the batch, env.num_envs x "
+        "ppo.num_steps = 4 x 100 = 400 (and 2 more corners)"), lines
+    assert not (tmp_path / "sweep").exists()
 
 def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
     # An integer key over a float interval: both ends are whole numbers and pass, and nearly every
@@ -166,7 +186,7 @@ def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
                  "ppo.clip_coef=choice(0.1,0.2)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
-    assert len(lines) == 2 and lines[0] == search_refused(1, 5), lines
+    assert len(lines) == 2 and lines[0] == search_refused(1, 4), lines
     drawn = re.fullmatch(r"  total_timesteps=(\S+) ppo.clip_coef=0.1: `total_timesteps` must be an integer, got (\S+)",
                          lines[1])
     assert drawn and drawn[1] == drawn[2] and 1e3 < float(drawn[1]) < 4e3, lines
