@@ -1,6 +1,11 @@
-"""Summarise training runs into docs/results/baselines.csv, docs/results.md and learning-curve PNGs.
+"""Summarise training runs into results.md, results/baselines.csv and learning-curve PNGs, written
+beside the runs (in the first folder named) or into --out.
 
     python scripts/summarize_results.py multirun/ runs/       # any run dirs or folders holding them
+    python scripts/summarize_results.py RUNS --out docs --note "..."   # the project's docs/results.md
+
+The project's docs/results.md pools runs of several machines, most not on any one, and says below its
+table how they ran (--note): it is rewritten only when asked for by name.
 
 A run is a folder with `run_info.json` (written by train.py) and TensorBoard events. Per run, the
 score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
@@ -277,7 +282,8 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", nargs="+", type=Path, help="run dirs, or folders holding them")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="writes results.md and results/ here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="writes results.md and results/ here (default: the first folder of runs named)")
     parser.add_argument("--note", default="", help="a paragraph for results.md (how and where the runs ran)")
     args = parser.parse_args()
     check_dirs_exist(parser, args.roots)
@@ -288,13 +294,17 @@ def main() -> None:
         rows = summarize(runs)
     except ValueError as error:
         sys.exit(str(error))
-    write_csv(rows, args.out / "results" / "baselines.csv")
-    for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
+    out = args.out or args.roots[0]
+    write_csv(rows, out / "results" / "baselines.csv")
+    plots = sorted({(row["task"], row["steps"]) for row in rows})
+    for task, budget in plots:
         group = [r for r in runs if (r.task, r.budget) == (task, budget)]
-        plot(task, budget, group, args.out / "results" / plot_name(task, budget))
-    write_markdown(rows, runs, args.out / "results.md", args.out / "results", args.note)
+        plot(task, budget, group, out / "results" / plot_name(task, budget))
+    write_markdown(rows, runs, out / "results.md", out / "results", args.note)
     for row in rows:
         print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))
+    print(f"wrote {out / 'results.md'}, {out / 'results' / 'baselines.csv'} and {len(plots)} "
+          f"plot{'s' * (len(plots) != 1)} in {out / 'results'}")
 
 
 if __name__ == "__main__":

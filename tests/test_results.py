@@ -57,6 +57,32 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
 
 
+def test_the_summary_is_written_beside_the_runs_and_leaves_the_projects_own_alone(tmp_path):
+    # It wrote into docs/ by default: a user summarising their own runs replaced the project's table of
+    # every machine's runs and the notes below it, whose run dirs are on no one machine.
+    docs = ROOT / "docs"
+    project = {path: path.read_bytes() for path in (docs / "results.md", docs / "results" / "baselines.csv")}
+    images = set((docs / "results").iterdir())
+    runs = tmp_path / "runs"
+    fake_run(runs / "hopper1", "Hopper-v4", 1, 100.0)
+    try:
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(runs)],
+                                capture_output=True, text=True, timeout=120)
+        changed = [path.name for path, data in project.items() if path.read_bytes() != data]
+        added = [path.name for path in set((docs / "results").iterdir()) - images]
+    finally:  # were this to regress, the checkout would keep its files
+        for path, data in project.items():
+            path.write_bytes(data)
+        for path in set((docs / "results").iterdir()) - images:
+            path.unlink()
+    assert result.returncode == 0, result.stderr
+    assert (changed, added) == ([], [])
+    assert "| Hopper-v4 | 10,000 | 1 | 80.0 | 0.0 |" in (runs / "results.md").read_text()
+    assert (runs / "results" / "Hopper-v4_10000.png").exists()
+    last = f"wrote {runs / 'results.md'}, {runs / 'results' / 'baselines.csv'} and 1 plot in {runs / 'results'}"
+    assert result.stdout.splitlines()[-1] == last, result.stdout
+
+
 def test_runs_of_an_experiment_are_their_own_row(tmp_path):
     # Same env and budget, different configurations: never pooled as seeds of one row.
     fake_run(tmp_path / "runs" / "default", "Ant-v4", 1, 100.0)
