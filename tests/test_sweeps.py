@@ -26,6 +26,14 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+def refused_sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`train.py -m *overrides`, which must stop before its first job: exit code 2, no sweep dir."""
+    result = run("train.py", "-m", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert result.returncode == 2, result.stderr
+    assert not (tmp_path / "sweep").exists()
+    return result
+
+
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
@@ -78,8 +86,7 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
             "# @package _global_\nhydra:\n  sweeper:\n    params:\n      ppo.num_minibatches: 4,3\n")
         values = ["--config-dir", str(tmp_path), "+grid=bad"]
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
-    result = run("train.py", "-m", *values, "seed=1,2", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, *values, "seed=1,2", *tiny)
     lines = result.stderr.splitlines()
     assert len(lines) == 3, lines
     assert lines[0] == "error: 2 of 4 jobs of this sweep fail their checks, so none was started:"
@@ -87,15 +94,12 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
         assert line.startswith(f"  #{job} ppo.num_minibatches=3 ") and f" seed={seed} " in line, line
         assert line.endswith(": `ppo.num_minibatches` (3) must divide the batch, "
                              "env.num_envs x ppo.num_steps = 4 x 64 = 256"), line
-    assert not (tmp_path / "sweep").exists()
     assert "training " not in result.stdout
 
 
 def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
-    result = run("train.py", "-m", "seed=range(1,51)", "ppo.num_minibatches=3", *tiny,
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "seed=range(1,51)", "ppo.num_minibatches=3", *tiny)
     assert result.stdout.splitlines()[0] == "checking the 50 jobs of this sweep before the first starts..."
     lines = result.stderr.splitlines()
     assert lines[0] == "error: 50 of 50 jobs of this sweep fail their checks, so none was started:"
@@ -110,31 +114,26 @@ def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     # the first values of the others, 6 more. The 3 with 3 fail for one reason, shown once.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
-    result = run("train.py", "-m", "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny,
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny)
     assert "checking" not in result.stdout  # said from 20 corners up (0.1 s each)
     lines = result.stderr.splitlines()
     assert lines[0] == search_refused(3, 12), lines
     assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
     assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
                              "ppo.num_steps = 4 x 64 = 256 (and 2 more corners)"), lines[1]
-    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_large_search_space_checks_each_value_once(tmp_path):
     # 30 x 10 combinations are too many to compose (0.1 s each): each value is tried once, beside the
     # first value of the others, 30 + 9 corners, and the interval's other end and a value inside it. The
-    # interval's lower end, the first value of clip_coef, fails here. (A
-    # range(...) is an integer interval to Optuna, with two ends; choice(...) lists each value.)
+    # interval's lower end, the first value of clip_coef, fails here. (A range(...) is an integer
+    # interval to Optuna, with two ends; choice(...) lists each value.)
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.update_epochs=")]
     seeds = ",".join(map(str, range(1, 31)))
     epochs = ",".join(map(str, range(1, 11)))
-    result = run("train.py", "-m", "hydra/sweeper=optuna", f"seed=choice({seeds})",
-                 f"ppo.update_epochs=choice({epochs})", "ppo.clip_coef=interval(-0.1,0.3)", *tiny,
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "hydra/sweeper=optuna", f"seed=choice({seeds})",
+                           f"ppo.update_epochs=choice({epochs})", "ppo.clip_coef=interval(-0.1,0.3)", *tiny)
     lines = result.stderr.splitlines()
     assert "checking the 41 corners of this search space before the first trial starts...\n" in result.stdout
     assert lines == [search_refused(39, 41),
@@ -148,15 +147,13 @@ def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
     # inside; it is tried beside the first value of the other key only, 13 + 2 corners.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
-    result = run("train.py", "-m", "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
-                 "ppo.clip_coef=interval(0.1,0.3)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
+                           "ppo.clip_coef=interval(0.1,0.3)", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == search_refused(10, 15), lines
     dividing_not = (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)
     assert lines[1:] == [f"  ppo.num_minibatches={n} ppo.clip_coef=0.1: `ppo.num_minibatches` ({n}) must divide the "
                          "batch, env.num_envs x ppo.num_steps = 4 x 64 = 256" for n in dividing_not], lines
-    assert not (tmp_path / "sweep").exists()
 
 
 def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges(tmp_path):
@@ -166,31 +163,27 @@ def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges
     # would not, and each value would then be tried once, beside the first values, missing this pair).
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "ppo.num_steps="))]
-    result = run("train.py", "-m", "+sweep=ppo_search", "ppo.gamma=interval(0.95,0.999)",
-                 "ppo.num_minibatches=choice(4,32)", "ppo.num_steps=choice(64,100)", *tiny,
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "+sweep=ppo_search", "ppo.gamma=interval(0.95,0.999)",
+                           "ppo.num_minibatches=choice(4,32)", "ppo.num_steps=choice(64,100)", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == search_refused(3, 20), lines
     assert len(lines) == 2 and lines[1].endswith(
         " ppo.num_minibatches=32 ppo.num_steps=100: `ppo.num_minibatches` (32) must divide the batch, env.num_envs x "
         "ppo.num_steps = 4 x 100 = 400 (and 2 more corners)"), lines
-    assert not (tmp_path / "sweep").exists()
+
 
 def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
     # An integer key over a float interval: both ends are whole numbers and pass, and nearly every
     # value a trial draws between them is not, so the first trial would stop the search.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     tiny = [arg for arg in TINY if not arg.startswith("total_timesteps=")]
-    result = run("train.py", "-m", "hydra/sweeper=optuna", "total_timesteps=interval(1e3,4e3)",
-                 "ppo.clip_coef=choice(0.1,0.2)", *tiny, f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "hydra/sweeper=optuna", "total_timesteps=interval(1e3,4e3)",
+                           "ppo.clip_coef=choice(0.1,0.2)", *tiny)
     lines = result.stderr.splitlines()
     assert len(lines) == 2 and lines[0] == search_refused(1, 4), lines
     drawn = re.fullmatch(r"  total_timesteps=(\S+) ppo.clip_coef=0.1: `total_timesteps` must be an integer, got (\S+)",
                          lines[1])
     assert drawn and drawn[1] == drawn[2] and 1e3 < float(drawn[1]) < 4e3, lines
-    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path):
@@ -198,13 +191,10 @@ def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path
     # have none, but a value that fails on every machine still stops the sweep before it submits.
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "device="))]
-    result = run("train.py", "-m", "hydra/launcher=slurm", "device=cuda", "ppo.num_minibatches=4,3", *tiny,
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert result.returncode == 2, result.stderr
+    result = refused_sweep(tmp_path, "hydra/launcher=slurm", "device=cuda", "ppo.num_minibatches=4,3", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == "error: 1 of 2 jobs of this sweep fail their checks, so none was started:", lines
     assert lines[1].startswith("  #1 device=cuda ppo.num_minibatches=3 ") and len(lines) == 2
-    assert not (tmp_path / "sweep").exists()
 
 
 def test_the_sweep_summary_ranks_runs_within_each_env():
