@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -271,7 +272,8 @@ def _validate(s: TrainSettings) -> None:
     positive("total_timesteps", s.total_timesteps)
     positive("env.num_envs", s.env.num_envs)
     if s.env.groups != "auto" and s.env.num_envs % s.env.groups:
-        raise ConfigError(f"`env.groups` ({s.env.groups}) must divide `env.num_envs` ({s.env.num_envs})")
+        raise ConfigError(f"`env.groups` ({s.env.groups}) must divide `env.num_envs` ({s.env.num_envs}); "
+                          f"{nearest_divisors(s.env.num_envs, s.env.groups)}")
     positive("ppo.num_steps", s.ppo.num_steps)
     positive("ppo.num_minibatches", s.ppo.num_minibatches)
     positive("ppo.update_epochs", s.ppo.update_epochs)
@@ -299,7 +301,8 @@ def _validate(s: TrainSettings) -> None:
     if s.batch_size % s.ppo.num_minibatches:
         raise ConfigError(
             f"`ppo.num_minibatches` ({s.ppo.num_minibatches}) must divide the batch, env.num_envs x ppo.num_steps "
-            f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}"
+            f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}; "
+            f"{nearest_divisors(s.batch_size, s.ppo.num_minibatches)}"
         )
     from ppo.agent import ACTIVATIONS  # the one list of names (imported here: this module stays torch-free)
 
@@ -311,6 +314,14 @@ def _validate(s: TrainSettings) -> None:
         raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
                           f"{s.env.backend} (use auto or false)")
     check_device_name(s.device)
+
+
+def nearest_divisors(total: int, value: int) -> str:
+    """The divisors of `total` nearest `value` (which does not divide it), below and above: what to try."""
+    divisors = {d for i in range(1, math.isqrt(total) + 1) if total % i == 0 for d in (i, total // i)}
+    below = max(d for d in divisors if d < value)  # 1 at least
+    above = min((d for d in divisors if d > value), default=None)
+    return f"the nearest that do: {below} and {above}" if above else f"the nearest that does: {below}"
 
 
 def check_seed(seed: int, setting: str = "seed") -> None:

@@ -51,10 +51,13 @@ def test_any_env_id_without_a_file():
     ("env.num_envs=0", "`env.num_envs` must be positive, got 0"),
     ("seed=-1", r"`seed` must be in \[0, 2\*\*32 - 1\], got -1"),  # numpy's seeding range
     ("seed=4294967296", r"`seed` must be in \[0, 2\*\*32 - 1\], got 4294967296"),
-    ("env.groups=3", r"`env.groups` \(3\) must divide `env.num_envs` \(64\)"),
+    ("env.groups=3", r"`env.groups` \(3\) must divide `env.num_envs` \(64\); the nearest that do: 2 and 4$"),
+    ("env.groups=100", r"`env.groups` \(100\) must divide `env.num_envs` \(64\); the nearest that does: 64$"),
     ("env.groups=0", "`env.groups` must be a positive integer or auto, got 0"),
     ("env.groups=two", "`env.groups` must be a positive integer or auto, got 'two'"),
-    ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch"),
+    ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch, env.num_envs x ppo.num_steps = "
+                              r"64 x 32 = 2048; the nearest that do: 4 and 8$"),
+    ("ppo.num_minibatches=48 ppo.num_steps=10", r"= 64 x 10 = 640; the nearest that do: 40 and 64$"),
     ("env.backend=isaac", "`env.backend` must be envpool, gymnasium or auto, got 'isaac'"),
     ("checkpoint.every=-1", "`checkpoint.every` must be non-negative, got -1"),
     ("ppo.vf_coef=-0.5", "`ppo.vf_coef` must be non-negative, got -0.5"),

@@ -93,7 +93,7 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
     for line, job, seed in zip(lines[1:], (2, 3), (1, 2), strict=True):
         assert line.startswith(f"  #{job} ppo.num_minibatches=3 ") and f" seed={seed} " in line, line
         assert line.endswith(": `ppo.num_minibatches` (3) must divide the batch, "
-                             "env.num_envs x ppo.num_steps = 4 x 64 = 256"), line
+                             "env.num_envs x ppo.num_steps = 4 x 64 = 256; the nearest that do: 2 and 4"), line
     assert "training " not in result.stdout
 
 
@@ -120,7 +120,7 @@ def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     assert lines[0] == search_refused(3, 12), lines
     assert len(lines) == 2 and lines[1].startswith("  ppo.learning_rate=0.0001 ppo.ent_coef=0.0 ppo.clip_coef=0.1 ")
     assert lines[1].endswith(" ppo.num_minibatches=3: `ppo.num_minibatches` (3) must divide the batch, env.num_envs x "
-                             "ppo.num_steps = 4 x 64 = 256 (and 2 more corners)"), lines[1]
+                             "ppo.num_steps = 4 x 64 = 256; the nearest that do: 2 and 4 (and 2 more corners)"), lines
 
 
 def test_a_large_search_space_checks_each_value_once(tmp_path):
@@ -151,9 +151,10 @@ def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
                            "ppo.clip_coef=interval(0.1,0.3)", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == search_refused(10, 15), lines
-    dividing_not = (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)
+    powers = {n: 4 if n < 8 else 8 for n in (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)}  # the power of 2 below each
     assert lines[1:] == [f"  ppo.num_minibatches={n} ppo.clip_coef=0.1: `ppo.num_minibatches` ({n}) must divide the "
-                         "batch, env.num_envs x ppo.num_steps = 4 x 64 = 256" for n in dividing_not], lines
+                         f"batch, env.num_envs x ppo.num_steps = 4 x 64 = 256; the nearest that do: {below} and "
+                         f"{2 * below}" for n, below in powers.items()], lines
 
 
 def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges(tmp_path):
@@ -169,7 +170,7 @@ def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges
     assert lines[0] == search_refused(3, 20), lines
     assert len(lines) == 2 and lines[1].endswith(
         " ppo.num_minibatches=32 ppo.num_steps=100: `ppo.num_minibatches` (32) must divide the batch, env.num_envs x "
-        "ppo.num_steps = 4 x 100 = 400 (and 2 more corners)"), lines
+        "ppo.num_steps = 4 x 100 = 400; the nearest that do: 25 and 40 (and 2 more corners)"), lines
 
 
 def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
