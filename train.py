@@ -625,9 +625,9 @@ def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -
         return []
 
     def continuous(dist) -> bool:
-        """A float interval: no step (optuna 2's UniformDistribution, 3's FloatDistribution without one)."""
-        return not isinstance(dist, CategoricalDistribution) and not getattr(dist, "step", None) \
-            and not getattr(dist, "q", None)
+        """A float interval without a grid (optuna 2's (Log)UniformDistribution, 3's FloatDistribution)."""
+        grid = getattr(dist, "step", None) or getattr(dist, "q", None)  # q: optuna 2's DiscreteUniformDistribution
+        return not isinstance(dist, CategoricalDistribution) and not grid
 
     def tried(dist) -> list:
         if isinstance(dist, CategoricalDistribution):
@@ -636,7 +636,7 @@ def search_space_corners(config: DictConfig, most: int = 128, whole: int = 64) -
         if isinstance(step, int) and isinstance(dist.low, int) and (dist.high - dist.low) // step < whole:
             return list(range(dist.low, dist.high + 1, step))
         ends = sorted({dist.low, dist.high})
-        if continuous(dist):  # the golden section: not a round fraction, so an integer key gets a fraction
+        if continuous(dist):  # (3 - sqrt 5) / 2 of the way up: no round fraction, so an integer key gets one
             ends.insert(1, dist.low + (dist.high - dist.low) * (3 - math.sqrt(5)) / 2)
         return ends
 
