@@ -61,8 +61,7 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     except pickle.UnpicklingError as error:  # an object other than tensors, numbers, strings and containers
         checkpoint = _load_older_checkpoint(path, device, error)
     except (EOFError, RuntimeError, ValueError) as error:
-        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(error)})") \
-            from error
+        raise _unreadable(path, error) from error
     missing = [key for key in KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else list(KEYS)
     if missing:
         shown = ", ".join(f"`{key}`" for key in missing[:3]) + (", ..." if len(missing) > 3 else "")
@@ -79,17 +78,20 @@ def _is_torch_archive(path: Path) -> bool:
         return any(name.endswith("/data.pkl") for name in archive.namelist())
 
 
+# An older checkpoint's numpy array (of uint32: the RNG's keys), under the names numpy 1 and 2 pickle it by.
+_NUMPY_ARRAY_NAMES = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
+                      "numpy.dtype", "numpy.dtypes.UInt32DType"}
+
+
 def _load_older_checkpoint(path: Path, device: torch.device, error: pickle.UnpicklingError) -> dict[str, Any]:
     """A checkpoint written before 2026-12-04, which holds numpy's RNG state as a numpy array: loaded with
     numpy's array classes allowed, and nothing else. Any other object is refused."""
     try:
         unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as garbled:  # a pickle no unpickler reads
-        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(garbled)})") \
-            from error
+        raise _unreadable(path, garbled) from error
     if not unsafe:  # refused, yet no object named: the weights-only unpickler's own limits
-        raise CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({_first_sentence(error)})") \
-            from error
+        raise _unreadable(path, error) from error
     if not unsafe <= _NUMPY_ARRAY_NAMES:
         raise CheckpointError(f"{path} is not a checkpoint of train.py: it holds objects a checkpoint does not "
                               f"({', '.join(sorted(unsafe))}), which loading would run code to rebuild") from error
@@ -100,15 +102,12 @@ def _load_older_checkpoint(path: Path, device: torch.device, error: pickle.Unpic
         return torch.load(path, map_location=device, weights_only=True)
 
 
-# An older checkpoint's numpy array (of uint32: the RNG's keys), under the names numpy 1 and 2 pickle it by.
-_NUMPY_ARRAY_NAMES = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-                      "numpy.dtype", "numpy.dtypes.UInt32DType"}
-
-
-def _first_sentence(error: Exception) -> str:
-    """torch's messages for unreadable files go on for several sentences (the zip reader's for five)."""
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    """A file torch.load cannot read, with the first sentence of its reason: torch's messages for such
+    files go on for several (the zip reader's for five)."""
     text = str(error).strip()
-    return text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
+    reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
+    return CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({reason})")
 
 
 def numpy_rng_state() -> dict[str, Any]:
