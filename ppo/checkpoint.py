@@ -37,13 +37,28 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
 def resolve_checkpoint(location: str) -> Path:
     """`location` may name a checkpoint file or a run directory that holds `checkpoints/last.pt`.
     The error names the path tried; callers say which argument gave it."""
-    path = Path(location).expanduser()
-    if path.is_dir():
-        path = path / CHECKPOINT_DIR / LAST
+    given = Path(location).expanduser()
+    path = given / CHECKPOINT_DIR / LAST if given.is_dir() else given
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path} (give a checkpoint file or a run dir holding "
-                                f"{CHECKPOINT_DIR}/{LAST})")
+        below = runs_below(given) if given.is_dir() else []
+        hint = (f"; run dirs below it, newest first: {_listed(below)}" if below else
+                f" (give a checkpoint file or a run dir holding {CHECKPOINT_DIR}/{LAST})")
+        raise FileNotFoundError(f"no checkpoint at {path}{hint}")
     return path
+
+
+def runs_below(directory: Path, depth: int = 2) -> list[Path]:
+    """Run dirs (holding checkpoints/last.pt) up to `depth` levels below `directory`, newest checkpoint first:
+    `runs` holds `<env>/<run>`, a sweep's `multirun` holds `<date>/<job>`. Deeper trees are not searched, so
+    a mistaken `resume=~` stays quick."""
+    found = [last for level in range(1, depth + 1)
+             for last in directory.glob("/".join(["*"] * level + [CHECKPOINT_DIR, LAST]))]
+    return [last.parent.parent for last in sorted(found, key=lambda last: last.stat().st_mtime, reverse=True)]
+
+
+def _listed(paths: list[Path], shown: int = 3) -> str:
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(str(p) for p in paths[:shown]) + more
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:

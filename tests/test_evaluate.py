@@ -55,6 +55,32 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
         assert str(error.value).startswith(f"{tmp_path / name} {message}"), str(error.value)
 
 
+def test_a_dir_above_run_dirs_names_them_newest_first(tmp_path):
+    # `runs`, `runs/Ant-v4` or a sweep's `multirun` given for a run dir: the error names the runs below it
+    import os
+
+    from ppo.checkpoint import resolve_checkpoint
+
+    for age, run in enumerate(["Ant-v4/seed1_b", "Ant-v4/seed1_a", "Hopper-v4/seed2", "Walker2d-v4/seed3"]):
+        last = tmp_path / "runs" / run / "checkpoints" / "last.pt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"")
+        os.utime(last, (1_000_000 - age, 1_000_000 - age))  # the first listed is the newest
+    runs = tmp_path / "runs"
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_checkpoint(str(runs))
+    assert str(error.value) == (f"no checkpoint at {runs / 'checkpoints' / 'last.pt'}; run dirs below it, newest "
+                                f"first: {runs / 'Ant-v4/seed1_b'}, {runs / 'Ant-v4/seed1_a'}, "
+                                f"{runs / 'Hopper-v4/seed2'} and 1 more")
+    with pytest.raises(FileNotFoundError, match=r"newest first: .*seed1_b, .*seed1_a$"):
+        resolve_checkpoint(str(runs / "Ant-v4"))
+    # three levels down is not searched, and an empty dir keeps the plain advice
+    plain = r"\(give a checkpoint file or a run dir holding checkpoints/last\.pt\)$"
+    with pytest.raises(FileNotFoundError, match=plain):
+        resolve_checkpoint(str(tmp_path))
+    assert resolve_checkpoint(str(runs / "Hopper-v4/seed2")) == runs / "Hopper-v4/seed2/checkpoints/last.pt"
+
+
 def test_episodes_are_taken_evenly_over_envs_not_by_when_they_ended():
     from evaluate import take_evenly
 
