@@ -62,6 +62,14 @@ def welch_t(a: np.ndarray, b: np.ndarray) -> float:
     return float((b.mean() - a.mean()) / standard_error) if standard_error > 0 else float("nan")
 
 
+def t_cell(a: np.ndarray, b: np.ndarray) -> str:
+    """The table's Welch t, or why there is none (a bare `nan` reads like a failed run)."""
+    if len(a) < 2 or len(b) < 2:
+        return "n/a: one seed"
+    t = welch_t(a, b)
+    return "n/a: no spread" if np.isnan(t) else f"{t:+.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, nargs="+", required=True, help="run dirs, or folders holding them")
@@ -81,7 +89,7 @@ def main() -> None:
         a, b = np.array(before[(old, steps)]), np.array(after[(new, steps)])
         task = old if old == new else f"{old} -> {new}"
         print(f"| {task} | {steps:,} | {a.mean():.0f} +- {a.std():.0f} ({len(a)}) | {b.mean():.0f} +- {b.std():.0f} "
-              f"({len(b)}) | {b.mean() - a.mean():+.0f} | {welch_t(a, b):+.2f} |")
+              f"({len(b)}) | {b.mean() - a.mean():+.0f} | {t_cell(a, b)} |")
 
 
 if __name__ == "__main__":

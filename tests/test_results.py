@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
@@ -254,7 +255,12 @@ def test_compare_pairs_equal_tasks_and_a_config_change_against_its_baseline(tmp_
     rows = result.stdout.splitlines()[2:]
     assert [row.split(" | ")[0] for row in rows] == ["| Ant-v4", "| Hopper-v4 -> Hopper-v4 ppo.learning_rate=0.001"]
     # scores are 0.8 x the final return (last 100 episodes): Hopper 80, 160 before and 160, 320 after
-    assert "| 120 +- 40 (2) | 240 +- 80 (2) | +120 |" in rows[1]
+    assert rows[1].endswith("| 120 +- 40 (2) | 240 +- 80 (2) | +120 | +1.34 |"), rows[1]
+    # Ant scored 800 in every run of both sets: no t to give, and the cell says why rather than `nan`
+    assert rows[0].endswith("| 800 +- 0 (2) | 800 +- 0 (2) | +0 | n/a: no spread |"), rows[0]
+    from compare_results import t_cell
+
+    assert t_cell(np.array([800.0]), np.array([700.0, 900.0])) == "n/a: one seed"
     # a mistyped dir is named, not read as a set that shares no task with the other
     typo = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_results.py"), "--before",
                            str(tmp_path / "before"), "--after", str(tmp_path / "aftr")], capture_output=True, text=True)
