@@ -78,6 +78,8 @@ class Run:
 
 
 def load_run(path: Path) -> Run | None:
+    """The run in `path`; None, named on stderr, for one with nothing to score (a job of a sweep that died
+    early must not vanish from its table unsaid)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     info = json.loads((path / "run_info.json").read_text())
@@ -85,6 +87,9 @@ def load_run(path: Path) -> Run | None:
     events.Reload()
     tags = events.Tags()["scalars"]
     if "charts/episodic_return" not in tags or "charts/SPS" not in tags:
+        reason = ("no episode finished" if "charts/SPS" in tags
+                  else "no iteration logged: it stopped or died in its first")
+        print(f"skipping {path}: {reason}", file=sys.stderr)
         return None
     returns = events.Scalars("charts/episodic_return")
     episodes = {e.step: e.value for e in events.Scalars("charts/episodes")} if "charts/episodes" in tags else {}

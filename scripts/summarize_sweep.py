@@ -3,6 +3,8 @@
     python scripts/summarize_sweep.py multirun/2026-11-29_10-00-00
 
 Final return: the average over (about) the last 100 training episodes, as train.py returns it.
+Steps: the last logged step, marked `*` where the run stopped short of its total_timesteps; a run
+with nothing logged to score is named on stderr.
 SPS and wall-clock as in summarize_results.py: from each process's first to its last logged
 iteration ("-" for a run of one iteration).
 Writes sweep_summary.csv and sweep_summary.png into the multirun dir and prints the table, best
@@ -44,12 +46,19 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     plot(runs, args.sweep_dir / "sweep_summary.png")
+    short = {r.path.name for r in runs if r.final_step < r.budget}
+    steps = {row["run"]: f"{row['steps']:,}" + ("*" if row["run"] in short else "") for row in rows}
     width, env_width = (max(len(row[key]) for row in rows) for key in ("run", "env"))
-    print(f"{'run':{width}}  {'env':{env_width}}  {'final return':>12}  {'SPS':>7}  {'wall s':>7}  overrides")
+    steps_width = max(len("steps"), *(len(s) for s in steps.values()))
+    print(f"{'run':{width}}  {'env':{env_width}}  {'final return':>12}  {'steps':>{steps_width}}  {'SPS':>7}  "
+          f"{'wall s':>7}  overrides")
     for row in rows:
         sps, wall = format_sps(row["sps"]), row["wall_clock_s"]
-        print(f"{row['run']:{width}}  {row['env']:{env_width}}  {row['final_return']:12.2f}  {sps:>7}  {wall:7.1f}  "
-              f"{row['overrides']}")
+        print(f"{row['run']:{width}}  {row['env']:{env_width}}  {row['final_return']:12.2f}  "
+              f"{steps[row['run']]:>{steps_width}}  {sps:>7}  {wall:7.1f}  {row['overrides']}")
+    if short:
+        # Their return is from fewer steps than the others': ranked beside them, it is easy to misread.
+        print("* stopped before its total_timesteps (Ctrl-C, a crash, or still running)")
 
 
 def rank(row: dict) -> tuple[str, float]:

@@ -267,6 +267,26 @@ def test_compare_pairs_equal_tasks_and_a_config_change_against_its_baseline(tmp_
     assert typo.returncode == 2 and f"error: no such dir: {tmp_path / 'aftr'}" in typo.stderr
 
 
+def test_the_sweep_table_marks_runs_stopped_short_and_names_runs_it_cannot_score(tmp_path):
+    # A sweep's jobs: one finished, one stopped at 10k of 20k steps (its return is from half the
+    # training), and one that died in its first iteration (run_info.json and nothing logged).
+    fake_run(tmp_path / "0_Hopper-v4_seed1", "Hopper-v4", 1, 100.0)
+    fake_run(tmp_path / "1_Hopper-v4_seed2", "Hopper-v4", 2, 300.0, budget=20_000)
+    fake_run(tmp_path / "2_Hopper-v4_seed3", "Hopper-v4", 3, 200.0)
+    for file in (tmp_path / "2_Hopper-v4_seed3").glob("events.out.tfevents.*"):
+        file.unlink()
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_sweep.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    header, *rows, note = result.stdout.splitlines()
+    assert header.split() == ["run", "env", "final", "return", "steps", "SPS", "wall", "s", "overrides"]
+    assert [row.split()[:4] for row in rows] == [["1_Hopper-v4_seed2", "Hopper-v4", "240.00", "10,000*"],
+                                                 ["0_Hopper-v4_seed1", "Hopper-v4", "80.00", "10,000"]]
+    assert note == "* stopped before its total_timesteps (Ctrl-C, a crash, or still running)"
+    dead = tmp_path / "2_Hopper-v4_seed3"
+    assert f"skipping {dead}: no iteration logged: it stopped or died in its first" in result.stderr
+
+
 @pytest.mark.parametrize("script", ["summarize_results.py", "summarize_sweep.py"])
 def test_the_summaries_name_a_dir_that_does_not_exist(tmp_path, script):
     # as compare_results.py does (above): a mistyped dir is not a dir that holds no runs
