@@ -64,6 +64,13 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
         raise ConfigError(f"{option}envpool, but envpool does not import here ({error}); it has wheels for "
                           f"Linux x86-64 only: pip install envpool, or add {option}gymnasium") from error
     if settings.id in known:
+        if settings.backend == "envpool":
+            # envpool describes a task's spaces without starting it: a task PPO here cannot train (CartPole's
+            # Discrete actions) is refused now, and a sweep over it before its first job. gymnasium tells
+            # its spaces only once an env is made: make_envs checks them there.
+            spec = import_envpool().make_spec(settings.id)
+            with envpool_bounds_quiet():
+                check_spaces(settings.id, spec.observation_space, spec.action_space)
         return
     other = "gymnasium" if settings.backend == "envpool" else "envpool"
     try:
@@ -73,6 +80,16 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
     close = difflib.get_close_matches(settings.id, sorted(known), n=4, cutoff=0.5)
     suggestion = f" Did you mean: {', '.join(close)}?" if close else ""
     raise ConfigError(f"unknown environment id {settings.id!r} for {option}{settings.backend}{hint}.{suggestion}")
+
+
+@contextlib.contextmanager
+def envpool_bounds_quiet():
+    """Around reading envpool's spaces: it states some tasks' observation bounds (Pendulum-v1's) in float64
+    and builds float32 Boxes from them, and gymnasium warns, for low and high, that the cast lowers
+    precision (four lines on every run). Nothing here reads bounds at more than float32."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r".*Box (low|high)'s precision lowered", UserWarning)
+        yield
 
 
 def import_envpool():
@@ -270,11 +287,7 @@ class EnvpoolEnvs(_TensorEnvs):
         # plus a group's first env) may pass 2**31 - 1. Seeds below that are passed as they are.
         env = envpool.make(settings.id, env_type="gymnasium", num_envs=settings.num_envs, seed=seed % 2**31,
                            num_threads=envpool_threads(settings), thread_affinity_offset=first_cpu)
-        with warnings.catch_warnings():
-            # envpool states some tasks' observation bounds (Pendulum-v1's) in float64 and builds float32
-            # Boxes from them: gymnasium warns, for low and high, that the cast lowers precision (four
-            # lines on every run). Nothing here reads bounds at more than float32.
-            warnings.filterwarnings("ignore", r".*Box (low|high)'s precision lowered", UserWarning)
+        with envpool_bounds_quiet():
             spaces = env.observation_space, env.action_space
         super().__init__(env, settings.id, settings.num_envs, *spaces, device)
         self._env_ids = np.arange(settings.num_envs, dtype=np.int32)

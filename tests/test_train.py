@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import hydra
@@ -356,6 +357,25 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
         check_spaces("Goal-v0", Dict({"observation": box}), box)
     with pytest.raises(ConfigError, match=r"^Pick-v0 acts in Discrete\(4\)"):
         check_spaces("Pick-v0", box, Discrete(4))
+
+
+def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch):
+    # envpool describes a task's spaces without starting it, so the check runs with the others: before a
+    # run dir is made, and before a sweep's first job (tests/test_sweeps.py).
+    envpool = pytest.importorskip("envpool")
+    from ppo.config import ConfigError, EnvSettings
+    from ppo.envs import check_env_id
+
+    def no_simulator(*args, **kwargs):
+        raise AssertionError("the check started a simulator")
+
+    monkeypatch.setattr(envpool, "make", no_simulator)
+    with pytest.raises(ConfigError, match=r"^CartPole-v1 acts in Discrete\(2\): PPO here trains continuous control"):
+        check_env_id(EnvSettings(id="CartPole-v1", backend="envpool"))
+    with warnings.catch_warnings():  # Pendulum-v1's float64 bounds: read without gymnasium's precision warnings
+        warnings.simplefilter("error")
+        for task in {"Ant-v4", "Pendulum-v1"} & set(envpool.list_all_envs()):  # envpool 1.2.7 has no Pendulum-v1
+            check_env_id(EnvSettings(id=task, backend="envpool"))
 
 
 def test_hydras_flags_print_once(tmp_path):
