@@ -68,9 +68,10 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
             # envpool describes a task's spaces without starting it: a task PPO here cannot train (CartPole's
             # Discrete actions) is refused now, and a sweep over it before its first job. gymnasium tells
             # its spaces only once an env is made: make_envs checks them there.
+            # (The gymnasium_* spaces: envpool 0.8.4's plain ones are the old gym's, which are no gymnasium Box.)
             spec = import_envpool().make_spec(settings.id)
             with envpool_bounds_quiet():
-                check_spaces(settings.id, spec.observation_space, spec.action_space)
+                check_spaces(settings.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
         return
     other = "gymnasium" if settings.backend == "envpool" else "envpool"
     try:
