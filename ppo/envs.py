@@ -72,6 +72,8 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
             spec = import_envpool().make_spec(settings.id)
             with envpool_bounds_quiet():
                 check_spaces(settings.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+        else:
+            _check_gymnasium_dependencies(settings.id)
         return
     other = "gymnasium" if settings.backend == "envpool" else "envpool"
     try:
@@ -91,6 +93,20 @@ def envpool_bounds_quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r".*Box (low|high)'s precision lowered", UserWarning)
         yield
+
+
+def _check_gymnasium_dependencies(env_id: str) -> None:
+    """Import the module behind a gymnasium id, without making an env: a task whose package is missing
+    (Box2D's BipedalWalker-v3) says so in one line here, rather than in a traceback from inside the run."""
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    entry_point = gymnasium.spec(env_id).entry_point
+    if isinstance(entry_point, str):  # else a callable: imported already
+        try:
+            load_env_creator(entry_point)
+        except gymnasium.error.DependencyNotInstalled as error:
+            raise ConfigError(f"{env_id} needs a package that is not installed here: {error}") from error
 
 
 def import_envpool():

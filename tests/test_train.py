@@ -378,6 +378,28 @@ def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulat
             check_env_id(EnvSettings(id=task, backend="envpool"))
 
 
+def test_a_gymnasium_task_whose_package_is_missing_is_refused_in_one_line(tmp_path, monkeypatch):
+    # As gymnasium's Box2D tasks do without Box2D: their module raises DependencyNotInstalled on import,
+    # which check_env_id now meets before any run dir or simulator, instead of a traceback from the run.
+    import gymnasium
+
+    from ppo.config import ConfigError, EnvSettings
+    from ppo.envs import check_env_id
+
+    (tmp_path / "needs_box2d.py").write_text(
+        "from gymnasium.error import DependencyNotInstalled\n"
+        "raise DependencyNotInstalled('Box2D is not installed, you can install it by run ...')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gymnasium.register("NeedsBox2D-v0", entry_point="needs_box2d:Walker")
+    try:
+        with pytest.raises(ConfigError, match=r"^NeedsBox2D-v0 needs a package that is not installed here: Box2D is "
+                                              r"not installed, you can install it by run \.\.\.$"):
+            check_env_id(EnvSettings(id="NeedsBox2D-v0", backend="gymnasium"))
+    finally:
+        del gymnasium.registry["NeedsBox2D-v0"]
+    check_env_id(EnvSettings(id="Hopper-v4", backend="gymnasium"))
+
+
 def test_hydras_flags_print_once(tmp_path):
     result = run_train("--version", timeout=120, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.splitlines() == [f"Hydra {hydra.__version__}"], result.stdout
