@@ -36,28 +36,28 @@ def main() -> None:
     runs = find_runs([args.sweep_dir], complete_only=False)  # a sweep may stop runs early (target-KL, Ctrl-C)
     if not runs:
         sys.exit(f"no runs under {args.sweep_dir}")
-    rows = sorted(({"run": r.path.name, "env": r.env_id,
-                    "overrides": " ".join(recorded_overrides(r.path)), "final_return": round(r.score, 2),
-                    "steps": r.final_step, "sps": mean_sps([r]),
-                    "wall_clock_s": round(r.wall_clock_s, 1)} for r in runs),
-                  key=rank)
+    ranked = sorted((({"run": r.path.name, "env": r.env_id,
+                       "overrides": " ".join(recorded_overrides(r.path)), "final_return": round(r.score, 2),
+                       "steps": r.final_step, "sps": mean_sps([r]),
+                       "wall_clock_s": round(r.wall_clock_s, 1)}, r) for r in runs),
+                    key=lambda pair: rank(pair[0]))
+    rows = [row for row, _ in ranked]
+    # Marked: its return is from fewer steps than the others', and ranked beside them it is easy to misread.
+    steps = [f"{run.final_step:,}" + "*" * (run.final_step < run.budget) for _, run in ranked]
     with (args.sweep_dir / "sweep_summary.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     plot(runs, args.sweep_dir / "sweep_summary.png")
-    short = {r.path.name for r in runs if r.final_step < r.budget}
-    steps = {row["run"]: f"{row['steps']:,}" + ("*" if row["run"] in short else "") for row in rows}
     width, env_width = (max(len(row[key]) for row in rows) for key in ("run", "env"))
-    steps_width = max(len("steps"), *(len(s) for s in steps.values()))
+    steps_width = max(len("steps"), *map(len, steps))
     print(f"{'run':{width}}  {'env':{env_width}}  {'final return':>12}  {'steps':>{steps_width}}  {'SPS':>7}  "
           f"{'wall s':>7}  overrides")
-    for row in rows:
+    for row, step in zip(rows, steps, strict=True):
         sps, wall = format_sps(row["sps"]), row["wall_clock_s"]
-        print(f"{row['run']:{width}}  {row['env']:{env_width}}  {row['final_return']:12.2f}  "
-              f"{steps[row['run']]:>{steps_width}}  {sps:>7}  {wall:7.1f}  {row['overrides']}")
-    if short:
-        # Their return is from fewer steps than the others': ranked beside them, it is easy to misread.
+        print(f"{row['run']:{width}}  {row['env']:{env_width}}  {row['final_return']:12.2f}  {step:>{steps_width}}  "
+              f"{sps:>7}  {wall:7.1f}  {row['overrides']}")
+    if any(step.endswith("*") for step in steps):
         print("* stopped before its total_timesteps (Ctrl-C, a crash, or still running)")
 
 
