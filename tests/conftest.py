@@ -21,3 +21,17 @@ def gae_by_reference(monkeypatch):
     monkeypatch.setattr(kernels.gae, "_runs", {})
     monkeypatch.setattr(kernels.gae, "_INTERPRET", False)
     return kernels.gae
+
+
+@pytest.fixture(scope="session")
+def discrete_envpool_task():
+    """An envpool task with Discrete actions, which PPO here refuses: CartPole-v1 where this envpool has it
+    (1.2.5 does, 1.2.7 does not), else the first such task envpool lists."""
+    envpool = pytest.importorskip("envpool")
+    from gymnasium.spaces import Discrete
+
+    tasks = envpool.list_all_envs()
+    for task in ["CartPole-v1", "Pong-v5", *tasks]:
+        if task in tasks and isinstance(envpool.make_spec(task).gymnasium_action_space, Discrete):
+            return task
+    pytest.skip("this envpool build has no task with Discrete actions")

@@ -359,10 +359,12 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
         check_spaces("Pick-v0", box, Discrete(4))
 
 
-def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch):
+def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch,
+                                                                                           discrete_envpool_task):
     # envpool describes a task's spaces without starting it, so the check runs with the others: before a
     # run dir is made, and before a sweep's first job (tests/test_sweeps.py).
-    envpool = pytest.importorskip("envpool")
+    import envpool
+
     from ppo.config import ConfigError, EnvSettings
     from ppo.envs import check_env_id
 
@@ -370,8 +372,9 @@ def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulat
         raise AssertionError("the check started a simulator")
 
     monkeypatch.setattr(envpool, "make", no_simulator)
-    with pytest.raises(ConfigError, match=r"^CartPole-v1 acts in Discrete\(2\): PPO here trains continuous control"):
-        check_env_id(EnvSettings(id="CartPole-v1", backend="envpool"))
+    task = discrete_envpool_task
+    with pytest.raises(ConfigError, match=rf"^{task} acts in Discrete\(\d+\): PPO here trains continuous control"):
+        check_env_id(EnvSettings(id=task, backend="envpool"))
     with warnings.catch_warnings():  # Pendulum-v1's float64 bounds: read without gymnasium's precision warnings
         warnings.simplefilter("error")
         for task in {"Ant-v4", "Pendulum-v1"} & set(envpool.list_all_envs()):  # envpool 1.2.7 has no Pendulum-v1
