@@ -16,6 +16,11 @@ TINY = ["env=InvertedPendulum-v4", "total_timesteps=1024", "env.num_envs=4", "pp
         "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu"]
 
 
+def tiny_without(*keys: str) -> list[str]:
+    """TINY less its settings of `keys`, which the test sets itself (in its sweep, or in a config)."""
+    return [arg for arg in TINY if arg.split("=", 1)[0] not in keys]
+
+
 def search_refused(failed: int, corners: int) -> str:
     """The first line of an Optuna search's refusal, which says what it tried (train.search_space_corners)."""
     return (f"error: {failed} of {corners} corners of this search space (each choice, each integer of a short range, "
@@ -85,7 +90,7 @@ def test_a_grid_sweep_checks_every_job_before_the_first_starts(tmp_path, grid):
         (tmp_path / "grid" / "bad.yaml").write_text(
             "# @package _global_\nhydra:\n  sweeper:\n    params:\n      ppo.num_minibatches: 4,3\n")
         values = ["--config-dir", str(tmp_path), "+grid=bad"]
-    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    tiny = tiny_without("ppo.num_minibatches")
     result = refused_sweep(tmp_path, *values, "seed=1,2", *tiny)
     lines = result.stderr.splitlines()
     assert len(lines) == 3, lines
@@ -102,7 +107,7 @@ def test_a_grid_over_tasks_refuses_one_without_continuous_actions_before_the_fir
     # envpool's spec of CartPole-v1 says Discrete(2) without starting it: InvertedPendulum-v4 no longer
     # trains first, only for the sweep to stop at CartPole and never reach Hopper.
     task = discrete_envpool_task
-    tiny = [arg for arg in TINY if not arg.startswith("env=")]
+    tiny = tiny_without("env")
     result = refused_sweep(tmp_path, f"env.id=InvertedPendulum-v4,{task},Hopper-v4", "env.backend=envpool", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == "error: 1 of 3 jobs of this sweep fail their checks, so none was started:", lines
@@ -112,7 +117,7 @@ def test_a_grid_over_tasks_refuses_one_without_continuous_actions_before_the_fir
 
 
 def test_a_large_grid_says_it_is_checking_and_lists_ten_failed_jobs(tmp_path):
-    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    tiny = tiny_without("ppo.num_minibatches")
     result = refused_sweep(tmp_path, "seed=range(1,51)", "ppo.num_minibatches=3", *tiny)
     assert result.stdout.splitlines()[0] == "checking the 50 jobs of this sweep before the first starts..."
     lines = result.stderr.splitlines()
@@ -127,7 +132,7 @@ def test_an_optuna_search_checks_its_space_before_the_first_trial(tmp_path):
     # is fixed here), 2 x 3 corners; its 3 float intervals, at their ends and a value between, beside
     # the first values of the others, 6 more. The 3 with 3 fail for one reason, shown once.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    tiny = tiny_without("ppo.num_minibatches")
     result = refused_sweep(tmp_path, "+sweep=ppo_search", "ppo.num_minibatches=choice(4,3)", *tiny)
     assert "checking" not in result.stdout  # said from 20 corners up (0.1 s each)
     lines = result.stderr.splitlines()
@@ -143,7 +148,7 @@ def test_a_large_search_space_checks_each_value_once(tmp_path):
     # interval's lower end, the first value of clip_coef, fails here. (A range(...) is an integer
     # interval to Optuna, with two ends; choice(...) lists each value.)
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    tiny = [arg for arg in TINY if not arg.startswith("ppo.update_epochs=")]
+    tiny = tiny_without("ppo.update_epochs")
     seeds = ",".join(map(str, range(1, 31)))
     epochs = ",".join(map(str, range(1, 11)))
     result = refused_sweep(tmp_path, "hydra/sweeper=optuna", f"seed=choice({seeds})",
@@ -160,7 +165,7 @@ def test_an_optuna_search_tries_each_integer_of_a_short_range(tmp_path):
     # not would stop the search at the trial that drew it. The float interval passes at its ends and
     # inside; it is tried beside the first value of the other key only, 13 + 2 corners.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    tiny = [arg for arg in TINY if not arg.startswith("ppo.num_minibatches=")]
+    tiny = tiny_without("ppo.num_minibatches")
     result = refused_sweep(tmp_path, "hydra/sweeper=optuna", "ppo.num_minibatches=int(interval(4,16))",
                            "ppo.clip_coef=interval(0.1,0.3)", *tiny)
     lines = result.stderr.splitlines()
@@ -177,7 +182,7 @@ def test_an_optuna_search_combines_its_discrete_values_whatever_its_float_ranges
     # the rest, so the 3 x 2 x 2 discrete combinations stay within the 128 composed in full (2**4 x 12
     # would not, and each value would then be tried once, beside the first values, missing this pair).
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "ppo.num_steps="))]
+    tiny = tiny_without("ppo.num_minibatches", "ppo.num_steps")
     result = refused_sweep(tmp_path, "+sweep=ppo_search", "ppo.gamma=interval(0.95,0.999)",
                            "ppo.num_minibatches=choice(4,32)", "ppo.num_steps=choice(64,100)", *tiny)
     lines = result.stderr.splitlines()
@@ -191,7 +196,7 @@ def test_an_optuna_search_tries_a_float_range_between_its_ends(tmp_path):
     # An integer key over a float interval: both ends are whole numbers and pass, and nearly every
     # value a trial draws between them is not, so the first trial would stop the search.
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    tiny = [arg for arg in TINY if not arg.startswith("total_timesteps=")]
+    tiny = tiny_without("total_timesteps")
     result = refused_sweep(tmp_path, "hydra/sweeper=optuna", "total_timesteps=interval(1e3,4e3)",
                            "ppo.clip_coef=choice(0.1,0.2)", *tiny)
     lines = result.stderr.splitlines()
@@ -205,7 +210,7 @@ def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path
     # The jobs will run on the cluster's GPU nodes: `device=cuda` is no error on this machine, which may
     # have none, but a value that fails on every machine still stops the sweep before it submits.
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    tiny = [arg for arg in TINY if not arg.startswith(("ppo.num_minibatches=", "device="))]
+    tiny = tiny_without("ppo.num_minibatches", "device")
     result = refused_sweep(tmp_path, "hydra/launcher=slurm", "device=cuda", "ppo.num_minibatches=4,3", *tiny)
     lines = result.stderr.splitlines()
     assert lines[0] == "error: 1 of 2 jobs of this sweep fail their checks, so none was started:", lines
