@@ -222,16 +222,19 @@ def _make_simulator(settings: EnvSettings, device: torch.device, seed: int, firs
 
 
 def check_spaces(env_id: str, observation_space, action_space) -> None:
-    """The agent is an MLP with a Gaussian policy: it needs a Box of observations (flattened) and a
-    1-D Box of actions. Anything else (CartPole's Discrete actions, a Dict of observations) fails
-    here with one line, not deep inside the first step."""
-    from gymnasium.spaces import Box
+    """The agent is an MLP with a Gaussian policy: it needs a 1-D Box of actions, and a Box of observations
+    or a Dict of Boxes (DeepMind Control's, in envpool: CheetahRun-v1's position and velocity), which it
+    sees flattened. Anything else (CartPole's Discrete actions, a Dict holding a Discrete) fails here with
+    one line, not deep inside the first step."""
+    from gymnasium.spaces import Box, Dict
 
     if not (isinstance(action_space, Box) and len(action_space.shape) == 1):
         raise ConfigError(f"{env_id} acts in {action_space}: PPO here trains continuous control, which needs a "
                           "1-D Box of actions (a MuJoCo task such as Ant-v4)")
-    if not isinstance(observation_space, Box):
-        raise ConfigError(f"{env_id} observes {observation_space}: the agent's MLP needs a Box of observations")
+    parts = observation_space.spaces.values() if isinstance(observation_space, Dict) else [observation_space]
+    if not (parts and all(isinstance(part, Box) for part in parts)):
+        raise ConfigError(f"{env_id} observes {observation_space}: the agent's MLP needs a Box of observations, "
+                          "or a Dict of Boxes")
 
 
 class _TensorEnvs:
@@ -239,6 +242,8 @@ class _TensorEnvs:
     simulator, torch on the run's device."""
 
     def __init__(self, env, env_id: str, num_envs: int, observation_space, action_space, device: torch.device):
+        from gymnasium.spaces import Dict
+
         try:
             check_spaces(env_id, observation_space, action_space)
         except ConfigError:
@@ -246,14 +251,18 @@ class _TensorEnvs:
             raise
         self.env, self.num_envs, self.device = env, num_envs, device
         self.members = [self]
-        self.obs_dim = int(np.prod(observation_space.shape))
+        # A Dict of observations is flattened as its space lists its keys, the order the checkpoint's
+        # networks were trained in (whatever order a step's dict arrives in); None: a Box.
+        self._obs_keys = list(observation_space.spaces) if isinstance(observation_space, Dict) else None
+        parts = observation_space.spaces.values() if self._obs_keys else [observation_space]
+        self.obs_dim = sum(int(np.prod(part.shape)) for part in parts)
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
         self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
 
     def reset(self, seed: int) -> torch.Tensor:
         obs, _ = self.env.reset(**self._reset_kwargs(seed))
-        return self._move(obs.reshape(self.num_envs, -1), torch.float32)
+        return self._move(self._flat(obs), torch.float32)
 
     def step(self, actions: torch.Tensor):
         self.send(actions)
@@ -265,7 +274,7 @@ class _TensorEnvs:
 
     def recv(self, out: StepOutputs | None = None):
         obs, rewards, terminateds, truncateds = self._step_results()
-        arrays = (obs.reshape(self.num_envs, -1), rewards, terminateds, truncateds)
+        arrays = (self._flat(obs), rewards, terminateds, truncateds)
         if out is not None:
             return out.fill(arrays)
         return tuple(self._move(x, dtype) for x, dtype in
@@ -276,6 +285,12 @@ class _TensorEnvs:
 
     def close(self) -> None:
         self.env.close()
+
+    def _flat(self, obs) -> np.ndarray:
+        """`[N, obs_dim]`: a Box's observations reshaped, a Dict's concatenated in its space's key order."""
+        if self._obs_keys is None:
+            return obs.reshape(self.num_envs, -1)
+        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self._obs_keys], axis=1)
 
     def _step_results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions)

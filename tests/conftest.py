@@ -35,3 +35,13 @@ def discrete_envpool_task():
         if task in tasks and isinstance(envpool.make_spec(task).gymnasium_action_space, Discrete):
             return task
     pytest.skip("this envpool build has no task with Discrete actions")
+
+
+@pytest.fixture(scope="session")
+def deepmind_control_task():
+    """CheetahRun-v1, an envpool task observing a Dict (position, velocity): 1.2.5 has DeepMind Control's
+    tasks, 1.2.7 (the H200 host's) has only gymnasium's MuJoCo ones."""
+    envpool = pytest.importorskip("envpool")
+    if "CheetahRun-v1" not in envpool.list_all_envs():
+        pytest.skip("this envpool build has no DeepMind Control tasks")
+    return "CheetahRun-v1"

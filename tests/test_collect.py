@@ -367,6 +367,76 @@ def test_step_outputs_hold_what_the_simulator_returned(device):
             assert torch.equal(tensor.cpu(), expected)
 
 
+class _DictObservations:
+    """A stand-in vector env observing a Dict: each step's dict lists its keys in sorted order, which is
+    not the space's order."""
+
+    def __init__(self, space, num_envs: int):
+        self.space, self.num_envs, self.rng, self.last = space, num_envs, np.random.default_rng(0), None
+
+    def _observe(self):
+        self.last = {key: self.rng.normal(size=(self.num_envs, *self.space[key].shape)) for key in sorted(self.space)}
+        return self.last
+
+    def reset(self, seed):
+        return self._observe(), {}
+
+    def step(self, actions):
+        n = self.num_envs
+        return self._observe(), np.ones(n), np.zeros(n, bool), np.zeros(n, bool), {}
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: the pinned copy"))])
+def test_a_dict_of_observations_is_flattened_in_the_order_its_space_lists_its_keys(device):
+    # DeepMind Control's tasks (envpool's CheetahRun-v1) observe a Dict of Boxes. The MLP sees them
+    # concatenated in the space's key order (the order a checkpoint was trained in), whatever order a
+    # step's dict has; a Box of shape () (a humanoid's head height) is one column.
+    from collections import OrderedDict
+
+    from gymnasium.spaces import Box, Dict
+
+    from ppo.envs import StepOutputs, _TensorEnvs
+
+    space = Dict(OrderedDict(velocity=Box(-9.0, 9.0, (2,)), height=Box(0.0, 9.0, ()), joints=Box(-1.0, 1.0, (2, 3))))
+    stub = _DictObservations(space, num_envs=3)
+    envs = _TensorEnvs(stub, "Run-v1", 3, space, Box(-1.0, 1.0, (2,)), torch.device(device))
+    assert envs.obs_dim == 2 + 1 + 6
+
+    def expected() -> torch.Tensor:
+        parts = [stub.last[key].reshape(3, -1) for key in ("velocity", "height", "joints")]
+        return torch.from_numpy(np.concatenate(parts, axis=1)).float()
+
+    assert torch.equal(envs.reset(seed=0).cpu(), expected())
+    envs.send(torch.zeros(3, 2, device=device))
+    assert torch.equal(envs.recv()[0].cpu(), expected())
+    outputs = StepOutputs(3, envs.obs_dim, torch.device(device))
+    envs.send(torch.zeros(3, 2, device=device))
+    assert torch.equal(envs.recv(out=outputs)[0].cpu(), expected())
+
+
+def test_envpool_deepmind_control_observations_arrive_flattened(deepmind_control_task):
+    import envpool
+
+    settings = EnvSettings(id=deepmind_control_task, num_envs=2, backend="envpool")
+    envs = make_envs(settings, torch.device("cpu"), seed=3)
+    raw = envpool.make(deepmind_control_task, env_type="gymnasium", num_envs=2, seed=3)
+    assert envs.obs_dim == 8 + 9  # position, velocity
+
+    def flat(obs) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([obs["position"], obs["velocity"]], axis=1)).float()
+
+    assert torch.equal(envs.reset(seed=3), flat(raw.reset()[0]))
+    actions = torch.linspace(-1, 1, 12).reshape(2, 6)
+    for _ in range(3):
+        assert torch.equal(envs.step(actions)[0], flat(raw.step(actions.numpy())[0]))
+    envs.close()
+    raw.close()
+
+
 def _threads_on_one_cpu() -> set[str]:
     """This process's threads whose CPU set is a single CPU (Linux), as `tid:cpu`."""
     import glob

@@ -353,10 +353,27 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
     check_spaces("Fine-v0", Box(-1.0, 1.0, (2, 5)), box)  # observations are flattened: any Box will do
     with pytest.raises(ConfigError, match=r"^Grid-v0 acts in Box\(-1.0, 1.0, \(2, 2\)"):
         check_spaces("Grid-v0", box, Box(-1.0, 1.0, (2, 2)))
-    with pytest.raises(ConfigError, match=r"^Goal-v0 observes Dict\(.*the agent's MLP needs a Box of observations$"):
-        check_spaces("Goal-v0", Dict({"observation": box}), box)
+    check_spaces("Run-v1", Dict({"position": box, "height": Box(0.0, 1.0, ())}), box)  # a Dict of Boxes: flattened
+    with pytest.raises(ConfigError, match=r"^Goal-v0 observes Dict\(.*the agent's MLP needs a Box of observations, "
+                                          r"or a Dict of Boxes$"):
+        check_spaces("Goal-v0", Dict({"observation": box, "goal": Discrete(3)}), box)
+    with pytest.raises(ConfigError, match=r"^Empty-v0 observes Dict\(\)"):
+        check_spaces("Empty-v0", Dict({}), box)
     with pytest.raises(ConfigError, match=r"^Pick-v0 acts in Discrete\(4\)"):
         check_spaces("Pick-v0", box, Discrete(4))
+
+
+def test_a_deepmind_control_task_trains_and_evaluates_on_its_flattened_observations(tmp_path, deepmind_control_task):
+    # envpool's DeepMind Control tasks observe a Dict (CheetahRun-v1: position, velocity) and end each
+    # episode by truncation at step 1000: two envs finish one each within 2,048 steps.
+    result = run_train(f"env.id={deepmind_control_task}", "env.num_envs=2", "ppo.num_steps=64", "ppo.num_minibatches=2",
+                       "ppo.update_epochs=1", "total_timesteps=2048", "device=cpu", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^finished at step 2,048 .*: mean return of the last 100 episodes \d+\.\d ", result.stdout, re.M)
+    evaluate = [sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path), "--episodes", "2"]
+    evaluated = subprocess.run(evaluate, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert re.fullmatch(r"2 episodes: mean return \d+\.\d\d \+- \d+\.\d\d \(min .*\)\n", evaluated.stdout)
 
 
 def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch,
