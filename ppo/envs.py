@@ -223,18 +223,32 @@ def _make_simulator(settings: EnvSettings, device: torch.device, seed: int, firs
 
 def check_spaces(env_id: str, observation_space, action_space) -> None:
     """The agent is an MLP with a Gaussian policy: it needs a 1-D Box of actions, and a Box of observations
-    or a Dict of Boxes (DeepMind Control's, in envpool: CheetahRun-v1's position and velocity), which it
-    sees flattened. Anything else (CartPole's Discrete actions, a Dict holding a Discrete) fails here with
-    one line, not deep inside the first step."""
-    from gymnasium.spaces import Box, Dict
+    or a Dict of Boxes, Dicts nested in it included (DeepMind Control's, in envpool: CheetahRun-v1's
+    position and velocity), which it sees flattened. Anything else (CartPole's Discrete actions, a Dict
+    holding a Discrete) fails here with one line, not deep inside the first step."""
+    from gymnasium.spaces import Box
 
     if not (isinstance(action_space, Box) and len(action_space.shape) == 1):
         raise ConfigError(f"{env_id} acts in {action_space}: PPO here trains continuous control, which needs a "
                           "1-D Box of actions (a MuJoCo task such as Ant-v4)")
-    parts = observation_space.spaces.values() if isinstance(observation_space, Dict) else [observation_space]
-    if not (parts and all(isinstance(part, Box) for part in parts)):
-        raise ConfigError(f"{env_id} observes {observation_space}: the agent's MLP needs a Box of observations, "
-                          "or a Dict of Boxes")
+    leaves = observation_leaves(observation_space)
+    other = next((f"a Dict holding {leaf} at {'/'.join(path)}" if path else str(leaf)
+                  for path, leaf in leaves if not isinstance(leaf, Box)), None)
+    if other or not leaves:
+        # A Dict's other leaf, not the whole Dict: FrankaKitchen-v1's would fill a screen.
+        raise ConfigError(f"{env_id} observes {other or observation_space}: the agent's MLP needs a Box of "
+                          "observations, or a Dict of Boxes")
+
+
+def observation_leaves(space) -> list[tuple[tuple[str, ...], object]]:
+    """`(key path, space)` of each leaf of a Dict of observations, nested Dicts walked in the order their
+    spaces list their keys: the order the agent sees them in, whatever order a step's dict arrives in.
+    A space that is not a Dict is one leaf, at path `()`."""
+    from gymnasium.spaces import Dict
+
+    if not isinstance(space, Dict):
+        return [((), space)]
+    return [((key, *path), leaf) for key, part in space.spaces.items() for path, leaf in observation_leaves(part)]
 
 
 class _TensorEnvs:
@@ -242,8 +256,6 @@ class _TensorEnvs:
     simulator, torch on the run's device."""
 
     def __init__(self, env, env_id: str, num_envs: int, observation_space, action_space, device: torch.device):
-        from gymnasium.spaces import Dict
-
         try:
             check_spaces(env_id, observation_space, action_space)
         except ConfigError:
@@ -251,11 +263,9 @@ class _TensorEnvs:
             raise
         self.env, self.num_envs, self.device = env, num_envs, device
         self.members = [self]
-        # A Dict of observations is flattened as its space lists its keys, the order the checkpoint's
-        # networks were trained in (whatever order a step's dict arrives in); None: a Box.
-        self._obs_keys = list(observation_space.spaces) if isinstance(observation_space, Dict) else None
-        parts = observation_space.spaces.values() if self._obs_keys else [observation_space]
-        self.obs_dim = sum(int(np.prod(part.shape)) for part in parts)
+        leaves = observation_leaves(observation_space)
+        self._obs_paths = [path for path, _ in leaves]  # [()]: a Box
+        self.obs_dim = sum(int(np.prod(leaf.shape)) for _, leaf in leaves)
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
         self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
@@ -287,10 +297,14 @@ class _TensorEnvs:
         self.env.close()
 
     def _flat(self, obs) -> np.ndarray:
-        """`[N, obs_dim]`: a Box's observations reshaped, a Dict's concatenated in its space's key order."""
-        if self._obs_keys is None:
-            return obs.reshape(self.num_envs, -1)
-        return np.concatenate([obs[key].reshape(self.num_envs, -1) for key in self._obs_keys], axis=1)
+        """`[N, obs_dim]`: a Box's observations reshaped, a Dict's leaves concatenated (`observation_leaves`)."""
+        parts = []
+        for path in self._obs_paths:
+            part = obs
+            for key in path:
+                part = part[key]
+            parts.append(part.reshape(self.num_envs, -1))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
     def _step_results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         obs, rewards, terminateds, truncateds, _ = self.env.step(self._actions)

@@ -375,7 +375,14 @@ class _DictObservations:
         self.space, self.num_envs, self.rng, self.last = space, num_envs, np.random.default_rng(0), None
 
     def _observe(self):
-        self.last = {key: self.rng.normal(size=(self.num_envs, *self.space[key].shape)) for key in sorted(self.space)}
+        def draw(space):  # a dict's keys sorted, nested dicts too
+            from gymnasium.spaces import Dict
+
+            if isinstance(space, Dict):
+                return {key: draw(space[key]) for key in sorted(space.spaces)}
+            return self.rng.normal(size=(self.num_envs, *space.shape))
+
+        self.last = draw(self.space)
         return self.last
 
     def reset(self, seed):
@@ -394,20 +401,25 @@ class _DictObservations:
 def test_a_dict_of_observations_is_flattened_in_the_order_its_space_lists_its_keys(device):
     # DeepMind Control's tasks (envpool's CheetahRun-v1) observe a Dict of Boxes. The MLP sees them
     # concatenated in the space's key order (the order a checkpoint was trained in), whatever order a
-    # step's dict has; a Box of shape () (a humanoid's head height) is one column.
+    # step's dict has; a Box of shape () (a humanoid's head height) is one column; a nested Dict
+    # (FrankaKitchen-v1's goals) is walked in its own space's order.
     from collections import OrderedDict
 
     from gymnasium.spaces import Box, Dict
 
     from ppo.envs import StepOutputs, _TensorEnvs
 
-    space = Dict(OrderedDict(velocity=Box(-9.0, 9.0, (2,)), height=Box(0.0, 9.0, ()), joints=Box(-1.0, 1.0, (2, 3))))
+    goal = Dict(OrderedDict(kettle=Box(-1.0, 1.0, (2,)), burner=Box(-1.0, 1.0, (1,))))
+    space = Dict(OrderedDict(velocity=Box(-9.0, 9.0, (2,)), height=Box(0.0, 9.0, ()), goal=goal,
+                             joints=Box(-1.0, 1.0, (2, 3))))
     stub = _DictObservations(space, num_envs=3)
     envs = _TensorEnvs(stub, "Run-v1", 3, space, Box(-1.0, 1.0, (2,)), torch.device(device))
-    assert envs.obs_dim == 2 + 1 + 6
+    assert envs.obs_dim == 2 + 1 + 2 + 1 + 6
 
     def expected() -> torch.Tensor:
-        parts = [stub.last[key].reshape(3, -1) for key in ("velocity", "height", "joints")]
+        last = stub.last
+        parts = [last["velocity"], last["height"], last["goal"]["kettle"], last["goal"]["burner"], last["joints"]]
+        parts = [part.reshape(3, -1) for part in parts]
         return torch.from_numpy(np.concatenate(parts, axis=1)).float()
 
     assert torch.equal(envs.reset(seed=0).cpu(), expected())

@@ -354,9 +354,10 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^Grid-v0 acts in Box\(-1.0, 1.0, \(2, 2\)"):
         check_spaces("Grid-v0", box, Box(-1.0, 1.0, (2, 2)))
     check_spaces("Run-v1", Dict({"position": box, "height": Box(0.0, 1.0, ())}), box)  # a Dict of Boxes: flattened
-    with pytest.raises(ConfigError, match=r"^Goal-v0 observes Dict\(.*the agent's MLP needs a Box of observations, "
-                                          r"or a Dict of Boxes$"):
-        check_spaces("Goal-v0", Dict({"observation": box, "goal": Discrete(3)}), box)
+    check_spaces("Kitchen-v1", Dict({"observation": box, "goal": Dict({"kettle": box})}), box)  # nested too
+    with pytest.raises(ConfigError, match=r"^Goal-v0 observes a Dict holding Discrete\(3\) at goal/door: the agent's "
+                                          r"MLP needs a Box of observations, or a Dict of Boxes$"):
+        check_spaces("Goal-v0", Dict({"observation": box, "goal": Dict({"door": Discrete(3), "kettle": box})}), box)
     with pytest.raises(ConfigError, match=r"^Empty-v0 observes Dict\(\)"):
         check_spaces("Empty-v0", Dict({}), box)
     with pytest.raises(ConfigError, match=r"^Pick-v0 acts in Discrete\(4\)"):
