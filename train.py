@@ -53,6 +53,7 @@ from ppo import distributed
 from ppo.agent import make_agent
 from ppo.checkpoint import (
     CheckpointError,
+    load_agent_weights,
     load_checkpoint,
     numpy_rng_state,
     resolve_checkpoint,
@@ -476,12 +477,7 @@ def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, ge
 
 
 def restore(checkpoint, agent, optimizer, normalizers, generator) -> None:
-    try:
-        agent.load_state_dict(checkpoint["agent"])
-    except RuntimeError as error:  # torch lists every mismatched tensor over many lines: the first says enough
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        detail = next((line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))), lines[0])
-        raise ConfigError(f"resume: the checkpoint's model does not fit this env/model config ({detail})") from error
+    load_agent_weights(agent, checkpoint["agent"], "resume: the checkpoint's model does not fit this env/model config")
     optimizer.load_state_dict(checkpoint["optimizer"])
     for name, normalizer in normalizers.items():
         # Only a checkpoint from before value normalisation existed may lack one (of "value_normalizer").

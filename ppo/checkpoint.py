@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ppo.config import ConfigError
+
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
 # What train.py's snapshot() writes and a resume or an evaluation reads. "value_normalizer" is left out:
@@ -123,6 +125,17 @@ def _unreadable(path: Path, error: Exception) -> CheckpointError:
     text = str(error).strip()
     reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(error).__name__
     return CheckpointError(f"{path} is not a checkpoint: torch.load cannot read it ({reason})")
+
+
+def load_agent_weights(agent: torch.nn.Module, weights: dict[str, Any], what: str) -> None:
+    """`agent.load_state_dict(weights)`; a mismatch raises ConfigError("{what} ({its first line})"):
+    torch lists every mismatched tensor over many lines, and the first says enough."""
+    try:
+        agent.load_state_dict(weights)
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = next((line for line in lines if line.startswith(("size mismatch", "Missing", "Unexpected"))), lines[0])
+        raise ConfigError(f"{what} ({detail})") from error
 
 
 def numpy_rng_state() -> dict[str, Any]:

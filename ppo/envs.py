@@ -68,10 +68,7 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
             # envpool describes a task's spaces without starting it: a task PPO here cannot train (CartPole's
             # Discrete actions) is refused now, and a sweep over it before its first job. gymnasium tells
             # its spaces only once an env is made: make_envs checks them there.
-            # (The gymnasium_* spaces: envpool 0.8.4's plain ones are the old gym's, which are no gymnasium Box.)
-            spec = import_envpool().make_spec(settings.id)
-            with envpool_bounds_quiet():
-                check_spaces(settings.id, spec.gymnasium_observation_space, spec.gymnasium_action_space)
+            check_spaces(settings.id, *task_spaces(settings))
         else:
             _check_gymnasium_dependencies(settings.id)
         return
@@ -240,6 +237,24 @@ def check_spaces(env_id: str, observation_space, action_space) -> None:
                           "observations, or a Dict of Boxes")
 
 
+def task_spaces(settings: EnvSettings) -> tuple[object, object]:
+    """`(observation_space, action_space)` of `settings.id` on `settings.backend` (call `check_env_id`
+    first), without stepping it: envpool's from its spec, gymnasium's from one env, made and closed."""
+    if settings.backend == "envpool":
+        spec = import_envpool().make_spec(settings.id)  # about 0.1 ms; starts no simulator
+        # The gymnasium_* spaces: envpool 0.8.4's plain ones are the old gym's, which are no gymnasium Box.
+        with envpool_bounds_quiet():
+            return spec.gymnasium_observation_space, spec.gymnasium_action_space
+    import gymnasium
+
+    print_mujoco_warnings_once()
+    env = gymnasium.make(settings.id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
 def observation_leaves(space) -> list[tuple[tuple[str, ...], object]]:
     """`(key path, space)` of each leaf of a Dict of observations, nested Dicts walked in the order their
     spaces list their keys: the order the agent sees them in, whatever order a step's dict arrives in.
@@ -249,6 +264,18 @@ def observation_leaves(space) -> list[tuple[tuple[str, ...], object]]:
     if not isinstance(space, Dict):
         return [((), space)]
     return [((key, *path), leaf) for key, part in space.spaces.items() for path, leaf in observation_leaves(part)]
+
+
+def observation_size(space) -> int:
+    """How many numbers the agent sees of one observation of `space`: its leaves, flattened."""
+    return sum(int(np.prod(leaf.shape)) for _, leaf in observation_leaves(space))
+
+
+def leaf_at(observations, path: tuple[str, ...]):
+    """The part of a (nested) dict of observations at `path` from `observation_leaves`; `()`: all of them."""
+    for key in path:
+        observations = observations[key]
+    return observations
 
 
 class _TensorEnvs:
@@ -263,9 +290,8 @@ class _TensorEnvs:
             raise
         self.env, self.num_envs, self.device = env, num_envs, device
         self.members = [self]
-        leaves = observation_leaves(observation_space)
-        self._obs_paths = [path for path, _ in leaves]  # [()]: a Box
-        self.obs_dim = sum(int(np.prod(leaf.shape)) for _, leaf in leaves)
+        self._obs_paths = [path for path, _ in observation_leaves(observation_space)]  # [()]: a Box
+        self.obs_dim = observation_size(observation_space)
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
         self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
@@ -298,12 +324,7 @@ class _TensorEnvs:
 
     def _flat(self, obs) -> np.ndarray:
         """`[N, obs_dim]`: a Box's observations reshaped, a Dict's leaves concatenated (`observation_leaves`)."""
-        parts = []
-        for path in self._obs_paths:
-            part = obs
-            for key in path:
-                part = part[key]
-            parts.append(part.reshape(self.num_envs, -1))
+        parts = [leaf_at(obs, path).reshape(self.num_envs, -1) for path in self._obs_paths]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
     def _step_results(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

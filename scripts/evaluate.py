@@ -18,31 +18,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ppo.agent import make_agent  # noqa: E402
-from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint  # noqa: E402
-from ppo.config import ConfigError, check_seed, resolve_device, settings_from_dict  # noqa: E402
-from ppo.envs import check_env_id, make_envs  # noqa: E402
-from ppo.normalize import ObservationNormalizer  # noqa: E402
+import ppo.policy  # noqa: E402
+from ppo.checkpoint import CheckpointError  # noqa: E402
+from ppo.config import ConfigError, check_seed, resolve_device  # noqa: E402
+from ppo.envs import VecEnv, make_envs  # noqa: E402
 
 
-def load_policy(checkpoint_path: str, device: torch.device, seed: int, **env_overrides):
-    """`(envs, agent, normalizer)` of a run's checkpoint: its task's envs (`env_overrides` replace
-    `env.*` settings, e.g. `num_envs`, `backend`), its agent, and its observation normaliser, frozen:
-    replaying a policy must not move the statistics it was trained with."""
-    checkpoint = load_checkpoint(resolve_checkpoint(checkpoint_path), device)
-    saved = checkpoint["settings"]
-    saved["resume"] = None
-    settings = settings_from_dict(saved)
-    env_settings = dataclasses.replace(settings.env, **env_overrides)
-    check_env_id(env_settings, "--backend ")
-    envs = make_envs(env_settings, device, seed)
-    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model).to(device)
-    agent.load_state_dict(checkpoint["agent"])
-    normalizer = ObservationNormalizer(envs.obs_dim, device, settings.ppo.observation_clip,
-                                       settings.ppo.normalize_observations)
-    normalizer.load_state_dict(checkpoint["obs_normalizer"])
-    normalizer.frozen = True
-    return envs, agent, normalizer
+def load_policy(checkpoint_path: str, device: torch.device, seed: int,
+                **env_overrides) -> tuple[VecEnv, ppo.policy.Policy]:
+    """`(envs, policy)` of a run's checkpoint: its task's envs (`env_overrides` replace `env.*`
+    settings, e.g. `num_envs`, `backend`) and its policy (`ppo.policy`: normalisers frozen)."""
+    policy = ppo.policy.load_policy(checkpoint_path, device, env_overrides.get("backend"), "--backend ")
+    envs = make_envs(dataclasses.replace(policy.settings.env, **env_overrides), device, seed)
+    return envs, policy
 
 
 @torch.no_grad()
@@ -52,24 +40,22 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     the same task's scores differ between simulator builds (docs/results.md), and this asks whether
     the policy or the simulator makes the difference."""
     overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
-    envs, agent, normalizer = load_policy(checkpoint_path, device, seed, **overrides)
+    envs, policy = load_policy(checkpoint_path, device, seed, **overrides)
     # The same number of episodes from every env, taken in env order: the first episodes to end are
     # the short ones (falls), so keeping whichever ended first would bias the mean low.
     per_env = math.ceil(episodes / envs.num_envs)
     returns: list[list[float]] = [[] for _ in range(envs.num_envs)]
     running = torch.zeros(envs.num_envs, dtype=torch.float64, device=device)
     dummy = torch.zeros(envs.num_envs, dtype=torch.bool, device=device)
-    obs = normalizer(envs.reset(seed))
+    obs = envs.reset(seed)
     while min(len(r) for r in returns) < per_env:
-        action = agent.act_deterministic(obs).clamp(envs.action_low, envs.action_high)
-        raw_obs, reward, terminated, truncated = envs.step(action)
+        obs, reward, terminated, truncated = envs.step(policy.act(obs))
         done = (terminated | truncated) & ~dummy  # the step after an episode is autoreset's dummy
         running += torch.where(dummy, 0.0, reward.double())
         for env in done.nonzero().flatten().tolist():
             returns[env].append(float(running[env]))
         running[done] = 0.0
         dummy = done
-        obs = normalizer(raw_obs)
     envs.close()
     return take_evenly(returns, episodes)
 

@@ -43,7 +43,8 @@ def tf32_linear(rounded: bool):
 
 @torch.no_grad()
 def measure(path: str, clip: float, seed: int) -> str:
-    envs, agent, normalizer = load_policy(path, torch.device("cpu"), seed, num_envs=64, groups=1)
+    envs, policy = load_policy(path, torch.device("cpu"), seed, num_envs=64, groups=1)
+    agent, normalizer = policy.agent, policy.normalizer
     observations, actions = [], []
     obs = normalizer(envs.reset(seed))
     for _ in range(32):

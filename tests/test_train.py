@@ -375,6 +375,18 @@ def test_a_deepmind_control_task_trains_and_evaluates_on_its_flattened_observati
     evaluated = subprocess.run(evaluate, capture_output=True, text=True, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr
     assert re.fullmatch(r"2 episodes: mean return \d+\.\d\d \+- \d+\.\d\d \(min .*\)\n", evaluated.stdout)
+    # In a user's own loop: the policy takes the task's dicts as envpool returns them.
+    import envpool
+
+    from ppo.policy import load_policy
+
+    policy, raw = load_policy(str(tmp_path)), envpool.make(deepmind_control_task, env_type="gymnasium", num_envs=3)
+    observations, _ = raw.reset()
+    for _ in range(3):
+        actions = policy(observations)
+        assert actions.shape == (3, 6) and actions.abs().max() <= 1.0
+        observations = raw.step(actions.numpy())[0]
+    raw.close()
 
 
 def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch,
