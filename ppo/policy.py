@@ -45,29 +45,27 @@ class Policy:
         """Actions for one observation (`[act_dim]`) or a batch of them (`[N, act_dim]`), as the task
         returns them: an array or tensor of its observation shape, with a leading N for a batch, or for a
         Dict task a dict of them."""
-        task = self.settings.env.id
-        parts, batched = [], set()
-        for path, shape in self._leaves:
-            where = f" at {'/'.join(path)}" if path else ""
-            try:
-                part = leaf_at(observations, path)
-            except (KeyError, TypeError, IndexError) as error:
-                raise ValueError(f"observations: {task} observes a Dict; expected a dict with a part{where}, "
-                                 f"got {type(observations).__name__}") from error
-            part = torch.as_tensor(part, dtype=torch.float32, device=self.device)
-            if part.dim() == len(shape) + 1 and tuple(part.shape[1:]) == shape:
-                batched.add(True)
-            elif tuple(part.shape) == shape:
-                batched.add(False)
-                part = part.unsqueeze(0)
-            else:
-                raise ValueError(f"observations{where}: {task} expects shape {shape}, or [N, *{shape}] for a batch; "
-                                 f"got {tuple(part.shape)}")
-            parts.append(part.reshape(part.shape[0], -1))
-        if len(batched) > 1 or len({part.shape[0] for part in parts}) > 1:
-            raise ValueError(f"observations: its parts disagree on the batch: {[tuple(p.shape) for p in parts]}")
-        actions = self.act(torch.cat(parts, dim=1), deterministic)
+        parts = [self._part(observations, path, shape) for path, shape in self._leaves]
+        batched = {is_batch for _, is_batch in parts}
+        if len(batched) > 1 or len({part.shape[0] for part, _ in parts}) > 1:
+            raise ValueError(f"observations: its parts disagree on the batch: {[tuple(p.shape) for p, _ in parts]}")
+        actions = self.act(torch.cat([part for part, _ in parts], dim=1), deterministic)
         return actions if batched.pop() else actions[0]
+
+    def _part(self, observations, path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
+        """The leaf at `path` as `[B, its size]` on `device`, and whether it came as a batch."""
+        task, where = self.settings.env.id, f" at {'/'.join(path)}" if path else ""
+        try:
+            part = torch.as_tensor(leaf_at(observations, path), dtype=torch.float32, device=self.device)
+        except (KeyError, TypeError, IndexError, ValueError, RuntimeError) as error:
+            wanted = "a dict with a part" + where if path else f"an array of shape {shape}"
+            raise ValueError(f"observations: {task} expects {wanted}, got {type(observations).__name__}") from error
+        if part.dim() == len(shape) + 1 and tuple(part.shape[1:]) == shape:
+            return part.reshape(part.shape[0], -1), True
+        if tuple(part.shape) == shape:
+            return part.reshape(1, -1), False
+        raise ValueError(f"observations{where}: {task} expects shape {shape}, or [N, *{shape}] for a batch; "
+                         f"got {tuple(part.shape)}")
 
     @torch.no_grad()
     def act(self, observations: torch.Tensor, deterministic: bool = True) -> torch.Tensor:

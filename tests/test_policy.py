@@ -69,6 +69,8 @@ def test_observations_of_the_wrong_shape_are_refused_naming_the_shape_expected(h
         with pytest.raises(ValueError, match=rf"^observations: Hopper-v4 expects shape \(11,\), or \[N, \*\(11,\)\] "
                                              rf"for a batch; got {re.escape(str(shape))}$"):
             policy(np.zeros(shape))
+    with pytest.raises(ValueError, match=r"^observations: Hopper-v4 expects an array of shape \(11,\), got dict$"):
+        policy({"position": np.zeros(11)})
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_policy(str(hopper_run / "nowhere"))
 
@@ -101,10 +103,18 @@ def test_a_dict_tasks_policy_takes_its_observations_as_a_dict():
     one = {"velocity": batch["velocity"][1], "goal": {"kettle": batch["goal"]["kettle"][1],
                                                       "burner": batch["goal"]["burner"][1]}}
     torch.testing.assert_close(policy(one), expected[1])  # a batch of one: the same up to the products' rounding
-    with pytest.raises(ValueError, match=r"^observations: Ant-v4 observes a Dict; expected a dict with a part at "
-                                         r"velocity, got ndarray$"):
+    with pytest.raises(ValueError, match=r"^observations: Ant-v4 expects a dict with a part at velocity, got "
+                                         r"ndarray$"):
         policy(flat)
     with pytest.raises(ValueError, match=r"^observations at goal/kettle: Ant-v4 expects shape \(2,\)"):
         policy({**one, "goal": {"kettle": np.zeros(3), "burner": 0.0}})
     with pytest.raises(ValueError, match=r"^observations: its parts disagree on the batch"):
         policy({**one, "velocity": batch["velocity"]})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_policy_loaded_onto_cuda_acts_as_on_the_cpu(hopper_run):
+    observations = np.random.default_rng(2).normal(size=(7, 11))
+    on_cuda = load_policy(str(hopper_run), device="cuda")(observations)
+    assert on_cuda.device.type == "cuda"
+    torch.testing.assert_close(on_cuda.cpu(), load_policy(str(hopper_run))(observations), rtol=1e-4, atol=1e-5)
