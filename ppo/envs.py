@@ -271,6 +271,12 @@ def observation_size(space) -> int:
     return sum(int(np.prod(leaf.shape)) for _, leaf in observation_leaves(space))
 
 
+def action_bounds(action_space, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(low, high)` of a 1-D Box of actions, float32 on `device`: what actions are clipped to."""
+    return tuple(torch.as_tensor(bound, dtype=torch.float32, device=device).reshape(-1)
+                 for bound in (action_space.low, action_space.high))
+
+
 def leaf_at(observations, path: tuple[str, ...]):
     """The part of a (nested) dict of observations at `path` from `observation_leaves`; `()`: all of them."""
     for key in path:
@@ -293,8 +299,7 @@ class _TensorEnvs:
         self._obs_paths = [path for path, _ in observation_leaves(observation_space)]  # [()]: a Box
         self.obs_dim = observation_size(observation_space)
         self.act_dim = int(np.prod(action_space.shape))
-        self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
-        self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
+        self.action_low, self.action_high = action_bounds(action_space, device)
 
     def reset(self, seed: int) -> torch.Tensor:
         obs, _ = self.env.reset(**self._reset_kwargs(seed))

@@ -23,7 +23,7 @@ import torch
 from ppo.agent import Agent, make_agent
 from ppo.checkpoint import load_agent_weights, load_checkpoint, resolve_checkpoint
 from ppo.config import TrainSettings, resolve_device, settings_from_dict
-from ppo.envs import check_env_id, leaf_at, observation_leaves, observation_size, task_spaces
+from ppo.envs import action_bounds, check_env_id, leaf_at, observation_leaves, observation_size, task_spaces
 from ppo.normalize import ObservationNormalizer
 
 
@@ -37,8 +37,7 @@ class Policy:
         self._leaves = [(path, tuple(leaf.shape)) for path, leaf in observation_leaves(observation_space)]
         self.obs_dim = observation_size(observation_space)
         self.act_dim = int(np.prod(action_space.shape))
-        self.action_low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).reshape(-1)
-        self.action_high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).reshape(-1)
+        self.action_low, self.action_high = action_bounds(action_space, device)
 
     @torch.no_grad()
     def __call__(self, observations, deterministic: bool = True) -> torch.Tensor:

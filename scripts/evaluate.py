@@ -24,7 +24,7 @@ from ppo.config import ConfigError, check_seed, resolve_device  # noqa: E402
 from ppo.envs import VecEnv, make_envs  # noqa: E402
 
 
-def load_policy(checkpoint_path: str, device: torch.device, seed: int,
+def envs_and_policy(checkpoint_path: str, device: torch.device, seed: int,
                 **env_overrides) -> tuple[VecEnv, ppo.policy.Policy]:
     """`(envs, policy)` of a run's checkpoint: its task's envs (`env_overrides` replace `env.*`
     settings, e.g. `num_envs`, `backend`) and its policy (`ppo.policy`: normalisers frozen)."""
@@ -40,7 +40,7 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     the same task's scores differ between simulator builds (docs/results.md), and this asks whether
     the policy or the simulator makes the difference."""
     overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
-    envs, policy = load_policy(checkpoint_path, device, seed, **overrides)
+    envs, policy = envs_and_policy(checkpoint_path, device, seed, **overrides)
     # The same number of episodes from every env, taken in env order: the first episodes to end are
     # the short ones (falls), so keeping whichever ended first would bias the mean low.
     per_env = math.ceil(episodes / envs.num_envs)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate import load_policy  # noqa: E402
+from evaluate import envs_and_policy  # noqa: E402
 
 LOW_BITS = 0x1FFF  # the 13 mantissa bits fp32 has and TF32 drops
 
@@ -43,7 +43,7 @@ def tf32_linear(rounded: bool):
 
 @torch.no_grad()
 def measure(path: str, clip: float, seed: int) -> str:
-    envs, policy = load_policy(path, torch.device("cpu"), seed, num_envs=64, groups=1)
+    envs, policy = envs_and_policy(path, torch.device("cpu"), seed, num_envs=64, groups=1)
     agent, normalizer = policy.agent, policy.normalizer
     observations, actions = [], []
     obs = normalizer(envs.reset(seed))
