@@ -53,6 +53,7 @@ from ppo import distributed
 from ppo.agent import make_agent
 from ppo.checkpoint import (
     CheckpointError,
+    check_observation_layout,
     load_agent_weights,
     load_checkpoint,
     numpy_rng_state,
@@ -263,6 +264,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                    "value_normalizer": value_normalizer}  # checkpoint keys
     generator = torch.Generator(device).manual_seed(settings.seed)
     if checkpoint:
+        check_observation_layout(checkpoint, envs.obs_layout, f"resume={settings.resume}")
         restore(checkpoint, agent, optimizer, normalizers, generator)
     distributed.broadcast_parameters(agent)
     if workers.world_size > 1:  # each worker samples actions and shuffles minibatches its own way
@@ -276,7 +278,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     stop = StopOnSignal()
 
     def state() -> dict:
-        return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator)
+        return snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator, envs.obs_layout)
 
     if workers.is_main:
         # A resumed run writes a new run dir unless told its own: say (and record) what it continues.
@@ -465,9 +467,10 @@ def synchronized_seconds(start: float, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator) -> dict:
+def snapshot(settings, iteration, global_step, agent, optimizer, normalizers, generator, obs_layout) -> dict:
     return {
         "settings": dataclasses.asdict(settings), "iteration": iteration, "global_step": global_step,
+        "observation_layout": obs_layout,
         "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
         **{name: normalizer.state_dict() for name, normalizer in normalizers.items()},
         "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),

@@ -138,6 +138,28 @@ def load_agent_weights(agent: torch.nn.Module, weights: dict[str, Any], what: st
         raise ConfigError(f"{what} ({detail})") from error
 
 
+def check_observation_layout(checkpoint: dict[str, Any], layout: list[list], what: str) -> None:
+    """Refuse a checkpoint whose agent saw as many observation numbers as `layout` (`observation_layout`'s)
+    lays out, in another order or under other keys: its weights would load and read every feature as
+    another (a Dict task whose keys another simulator build lists in another order). A different count is
+    left to load_agent_weights, whose size mismatch says so; checkpoints written before 2026-12-05 hold no
+    layout and are not checked."""
+    saved = checkpoint.get("observation_layout")
+    if saved is None or saved == layout or _numbers(saved) != _numbers(layout):
+        return
+    raise ConfigError(f"{what}: its agent saw observations as {_described(saved)}; here they come as "
+                      f"{_described(layout)}: the same {_numbers(layout)} numbers laid out otherwise, which it "
+                      f"would read as other features")
+
+
+def _numbers(layout: list[list]) -> int:
+    return sum(int(np.prod(shape)) for _, shape in layout)
+
+
+def _described(layout: list[list]) -> str:
+    return ", ".join(f"{key} {tuple(shape)}" if key else f"one array {tuple(shape)}" for key, shape in layout)
+
+
 def numpy_rng_state() -> dict[str, Any]:
     """numpy's global RNG state in tensors and numbers, which a weights-only load reads back (its own
     form holds a numpy array)."""

@@ -26,6 +26,7 @@ from ppo.config import ConfigError, EnvSettings
 class VecEnv(Protocol):
     num_envs: int
     obs_dim: int
+    obs_layout: list[list]  # observation_layout's: what a checkpoint records
     act_dim: int
     action_low: torch.Tensor  # [act_dim], on the run's device
     action_high: torch.Tensor
@@ -266,6 +267,13 @@ def observation_leaves(space) -> list[tuple[tuple[str, ...], object]]:
     return [((key, *path), leaf) for key, part in space.spaces.items() for path, leaf in observation_leaves(part)]
 
 
+def observation_layout(space) -> list[list]:
+    """What a checkpoint records of the observations its agent saw: `[key path, shape]` of each leaf in
+    the order the agent sees them (`observation_leaves`; the path '/'-joined, '' for a Box), in plain
+    lists, which a weights-only load reads back as they were written."""
+    return [["/".join(path), list(leaf.shape)] for path, leaf in observation_leaves(space)]
+
+
 def observation_size(space) -> int:
     """How many numbers the agent sees of one observation of `space`: its leaves, flattened."""
     return sum(int(np.prod(leaf.shape)) for _, leaf in observation_leaves(space))
@@ -298,6 +306,7 @@ class _TensorEnvs:
         self.members = [self]
         self._obs_paths = [path for path, _ in observation_leaves(observation_space)]  # [()]: a Box
         self.obs_dim = observation_size(observation_space)
+        self.obs_layout = observation_layout(observation_space)
         self.act_dim = int(np.prod(action_space.shape))
         self.action_low, self.action_high = action_bounds(action_space, device)
 
@@ -473,7 +482,7 @@ class EnvGroups:
         self.members = members
         first = members[0]
         self.num_envs = sum(m.num_envs for m in members)
-        self.obs_dim, self.act_dim = first.obs_dim, first.act_dim
+        self.obs_dim, self.obs_layout, self.act_dim = first.obs_dim, first.obs_layout, first.act_dim
         self.action_low, self.action_high = first.action_low, first.action_high
         self._columns = member_columns(self)
 

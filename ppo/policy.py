@@ -21,9 +21,17 @@ import numpy as np
 import torch
 
 from ppo.agent import Agent, make_agent
-from ppo.checkpoint import load_agent_weights, load_checkpoint, resolve_checkpoint
+from ppo.checkpoint import check_observation_layout, load_agent_weights, load_checkpoint, resolve_checkpoint
 from ppo.config import TrainSettings, resolve_device, settings_from_dict
-from ppo.envs import action_bounds, check_env_id, leaf_at, observation_leaves, observation_size, task_spaces
+from ppo.envs import (
+    action_bounds,
+    check_env_id,
+    leaf_at,
+    observation_layout,
+    observation_leaves,
+    observation_size,
+    task_spaces,
+)
 from ppo.normalize import ObservationNormalizer
 
 
@@ -89,6 +97,7 @@ def load_policy(checkpoint: str, device: str | torch.device = "cpu", backend: st
         settings = dataclasses.replace(settings, env=dataclasses.replace(settings.env, backend=backend))
     check_env_id(settings.env, backend_option)
     observation_space, action_space = task_spaces(settings.env)
+    check_observation_layout(state, observation_layout(observation_space), str(path))
     obs_dim = observation_size(observation_space)
     agent = make_agent(obs_dim, int(np.prod(action_space.shape)), settings.model).to(device)
     load_agent_weights(agent, state["agent"], f"{path}: its model does not fit {settings.env.id} on "

@@ -291,6 +291,7 @@ class RecordingEnvs:
 
     def __init__(self, name: str, log: list, num_envs: int = 2):
         self.name, self.log, self.num_envs, self.obs_dim, self.act_dim = name, log, num_envs, 1, 1
+        self.obs_layout = [["", [1]]]
         self.action_low, self.action_high = torch.tensor([-1.0]), torch.tensor([1.0])
         self.members = [self]
 

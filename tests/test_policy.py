@@ -10,18 +10,25 @@ import numpy as np
 import pytest
 import torch
 
-from ppo.config import ModelSettings, TrainSettings
+from ppo.config import ConfigError, ModelSettings, TrainSettings
 from ppo.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+HOPPER = ["env=Hopper-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4", "ppo.update_epochs=2",
+          "device=cpu"]
+
+
+def run_train(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *overrides], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
 @pytest.fixture(scope="module")
 def hopper_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("hopper")
-    trained = subprocess.run([sys.executable, "train.py", "env=Hopper-v4", "env.num_envs=4", "ppo.num_steps=64",
-                              "ppo.num_minibatches=4", "ppo.update_epochs=2", "total_timesteps=2048", "device=cpu",
-                              f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    trained = run_train(*HOPPER, "total_timesteps=2048", f"hydra.run.dir={run_dir}")
     assert trained.returncode == 0, trained.stderr
     return run_dir
 
@@ -73,6 +80,27 @@ def test_observations_of_the_wrong_shape_are_refused_naming_the_shape_expected(h
         policy({"position": np.zeros(11)})
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_policy(str(hopper_run / "nowhere"))
+
+
+def test_a_checkpoint_whose_observations_were_laid_out_otherwise_is_refused(hopper_run, tmp_path):
+    # A checkpoint records the layout its agent saw. The same count of numbers laid out otherwise (a Dict
+    # task whose keys another simulator build lists in another order) would load its weights and read
+    # every feature as another: resume and load_policy refuse it in one line.
+    state = torch.load(hopper_run / "checkpoints" / "last.pt", weights_only=True)
+    assert state["observation_layout"] == [["", [11]]]
+    moved = tmp_path / "moved.pt"
+    torch.save({**state, "observation_layout": [["position", [5]], ["velocity", [6]]]}, moved)
+    said = ("its agent saw observations as position (5,), velocity (6,); here they come as one array (11,): the "
+            "same 11 numbers laid out otherwise, which it would read as other features")
+    with pytest.raises(ConfigError, match=f"^{re.escape(f'{moved}: {said}')}$"):
+        load_policy(str(moved))
+    resumed = run_train(*HOPPER, "total_timesteps=4096", f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert resumed.returncode == 1 and resumed.stderr == f"error: resume={moved}: {said}\n"
+    # A checkpoint written before layouts were recorded loads as it did.
+    older = tmp_path / "older.pt"
+    torch.save({key: value for key, value in state.items() if key != "observation_layout"}, older)
+    observations = np.random.default_rng(1).normal(size=(5, 11))
+    assert torch.equal(load_policy(str(older))(observations), load_policy(str(hopper_run))(observations))
 
 
 def test_a_dict_tasks_policy_takes_its_observations_as_a_dict():

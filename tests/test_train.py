@@ -387,6 +387,15 @@ def test_a_deepmind_control_task_trains_and_evaluates_on_its_flattened_observati
         assert actions.shape == (3, 6) and actions.abs().max() <= 1.0
         observations = raw.step(actions.numpy())[0]
     raw.close()
+    # The checkpoint records the order it saw the keys in; a simulator build listing them in another
+    # order would be refused, not read permuted (tests/test_policy.py has the refusal itself).
+    from ppo.config import ConfigError
+
+    state = torch.load(resolve_checkpoint(str(tmp_path)), weights_only=True)
+    assert state["observation_layout"] == [["position", [8]], ["velocity", [9]]]
+    torch.save({**state, "observation_layout": state["observation_layout"][::-1]}, tmp_path / "swapped.pt")
+    with pytest.raises(ConfigError, match=r"as velocity \(9,\), position \(8,\); here they come as position \(8,\), "):
+        load_policy(str(tmp_path / "swapped.pt"))
 
 
 def test_envpool_refuses_a_task_it_cannot_train_from_its_spec_before_any_simulator_starts(monkeypatch,
