@@ -48,6 +48,9 @@ REFERENCES: dict[tuple[str, int], tuple[float, str]] = {
     ("InvertedPendulum-v4", 1_000_000): (963, "CleanRL ppo_continuous_action"),
     ("Ant-v4", 1_000_000): (2965, "CleanRL ppo_continuous_action_envpool"),
     ("Ant-v4", 10_000_000): (5876, "Sample Factory (rl_games reports ~6000 at 8M)"),
+    # DeepMind Control through Shimmy: CleanRL's docs/rl-algorithms/rpo.md, ppo_continuous_action_8M, 10 seeds.
+    ("CheetahRun-v1", 8_000_000): (472.14, "CleanRL ppo_continuous_action_8M, dm_control/cheetah-run-v0"),
+    ("WalkerWalk-v1", 8_000_000): (305.74, "CleanRL ppo_continuous_action_8M, dm_control/walker-walk-v0"),
 }
 CSV_COLUMNS = ["task", "steps", "seeds", "mean", "std", "wall_clock_s", "sps", "hardware"]
 
