@@ -142,8 +142,8 @@ def check_observation_layout(checkpoint: dict[str, Any], layout: list[list], wha
     """Refuse a checkpoint whose agent saw as many observation numbers as `layout` (`observation_layout`'s)
     lays out, in another order or under other keys: its weights would load and read every feature as
     another (a Dict task whose keys another simulator build lists in another order). A different count is
-    left to load_agent_weights, whose size mismatch says so; checkpoints written before 2026-12-05 hold no
-    layout and are not checked."""
+    left to load_agent_weights, whose size mismatch says so. Checkpoints written before this check came
+    (2026-12-04) hold no layout and are not checked."""
     saved = checkpoint.get("observation_layout")
     if saved is None or saved == layout or _numbers(saved) != _numbers(layout):
         return
