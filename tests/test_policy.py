@@ -1,8 +1,6 @@
 """ppo.policy: a checkpoint's policy used outside train.py, on observations as the task returns them."""
 
 import re
-import subprocess
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -12,17 +10,10 @@ import torch
 
 from ppo.config import ConfigError, ModelSettings, TrainSettings
 from ppo.policy import load_policy
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.test_train import run_train
 
 HOPPER = ["env=Hopper-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4", "ppo.update_epochs=2",
           "device=cpu"]
-
-
-def run_train(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "train.py", *overrides], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")
