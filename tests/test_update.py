@@ -439,3 +439,64 @@ def test_adam_state_binding_checks_the_optimizer_and_shares_one_step_count():
     optimizer.state[params[0]]["step"] = torch.tensor(7.0)
     with pytest.raises(ValueError, match="same Adam step count"):
         bind_adam_state(optimizer, params, "this step")
+
+
+_STEP_AGAINST_EAGER = """
+import torch
+from buffers import Minibatch, SampleTable
+from ppo.agent import Agent
+from ppo.compiled_step import CompiledStep
+from ppo.config import PPOSettings
+from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
+
+def steps(compiled):
+    torch.manual_seed(0)
+    agent, settings = Agent(17, 6), PPOSettings(compile=True)  # HalfCheetah's sizes: they showed the fault
+    optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
+    step = CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        mb = Minibatch(torch.randn(64, 17, generator=g), torch.randn(64, 6, generator=g),
+                       torch.randn(64, generator=g) - 2, torch.randn(64, generator=g), torch.randn(64, generator=g),
+                       torch.randn(64, generator=g), torch.ones(64))
+        if compiled:
+            table = SampleTable(64, 17, 6, torch.device("cpu")).fill(mb)
+            step(table, torch.arange(64)[None], torch.zeros(len(STAT_NAMES)))
+        else:
+            loss, _ = ppo_loss(agent, mb, settings)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
+            optimizer.step()
+    return list(agent.parameters())
+
+for got, want in zip(steps(True), steps(False), strict=True):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+print("same as eager")
+"""
+
+
+def test_a_compiled_step_cached_for_another_vector_width_is_not_reused(tmp_path):
+    # Inductor's on-disk graph cache (torch 2.13) does not key on the vector instructions it generates:
+    # a step compiled for AVX-512, then loaded in a process generating AVX2 code (ATEN_CPU_CAPABILITY=avx2,
+    # as a cache shared with an AVX2 machine would be) gave NaN parameters from its first call. CompiledStep
+    # names the width in its options (cpp.simdlen), so each width compiles its own graph.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ppo.compiled_step import _vector_width
+
+    if _vector_width() != 512:
+        pytest.skip("needs a CPU with AVX-512, to compile for it and then for AVX2")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)  # one cache, fresh, shared by both processes
+    root = Path(__file__).resolve().parents[1]
+    for capability in (None, "avx2"):
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        result = subprocess.run([sys.executable, "-c", _STEP_AGAINST_EAGER], cwd=root, env=env, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0 and result.stdout.strip() == "same as eager", (
+            f"ATEN_CPU_CAPABILITY={capability}: exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}")
