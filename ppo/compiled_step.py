@@ -55,12 +55,16 @@ class _Loss(nn.Module):
         return self.loss_fn(self.agent, mb, self.settings)
 
 
-def _vector_width() -> int:
-    """The bit width of the vector instructions inductor generates on this CPU (512 for AVX-512, 256
-    for AVX2; 0 where it does not vectorise), as it picks them: from the CPU, or ATEN_CPU_CAPABILITY."""
+def vector_width_option() -> dict[str, int]:
+    """Inductor's `cpp.simdlen` option set to the vector width it picks anyway on this CPU (512 for
+    AVX-512, 256 for AVX2, 0 where it does not vectorise; from the CPU, or ATEN_CPU_CAPABILITY), for
+    every torch.compile of CPU code here. Named, the width enters the key of inductor's on-disk graph
+    cache, which (torch 2.13) leaves it out: a graph compiled for AVX-512 and loaded where AVX2 code
+    is generated (ATEN_CPU_CAPABILITY=avx2, or a cache shared with another machine) gave NaN from its
+    first call, and the reverse corrupted the heap (docs/benchmarks.md)."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    return pick_vec_isa().bit_width()
+    return {"cpp.simdlen": pick_vec_isa().bit_width()}
 
 
 def pairs_or_one(num_minibatches: int) -> int:
@@ -103,13 +107,9 @@ class CompiledStep:
         # with the Python driver (docs/benchmarks.md), and it compiled no slower. use_decompose_tanh:
         # tanh(x) as 2 / (1 + exp(-2x)) - 1 (within ~1e-7 of tanh) instead of SLEEF's tanh, which took
         # ~47 us of the step for four 64x64 activations; the step measured 272-313 against 311-355 us.
-        # cpp.simdlen: the vector width inductor picks anyway, named so that it enters the key of its
-        # on-disk graph cache, which (torch 2.13) leaves it out: a graph compiled for AVX-512 and
-        # loaded where AVX2 code is generated (ATEN_CPU_CAPABILITY=avx2, or a cache shared between
-        # machines) gave NaN from the first step, and the reverse corrupted the heap (docs/benchmarks.md).
         self._step = torch.compile(_own_copy(self._math), dynamic=False,
                                    options={"cpp_wrapper": True, "cpp.use_decompose_tanh": True,
-                                            "cpp.simdlen": _vector_width(),
+                                            **vector_width_option(),
                                             "guard_filter_fn": _tensor_and_global_guards})
 
     def __call__(self, table: SampleTable, rows: torch.Tensor, total: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
 from ppo.agent import Agent
-from ppo.compiled_step import CompiledStep, pairs_or_one
+from ppo.compiled_step import CompiledStep, pairs_or_one, vector_width_option
 from ppo.config import PPOSettings
 from ppo.fused_update import FusedStep, fuses
 
@@ -106,7 +106,7 @@ def _loss_function(settings: PPOSettings, device: torch.device):
     if not compiles(settings, device):
         return ppo_loss
     if _compiled_loss is None:
-        _compiled_loss = torch.compile(ppo_loss, dynamic=False)
+        _compiled_loss = torch.compile(ppo_loss, dynamic=False, options=vector_width_option())
     return _compiled_loss
 
 

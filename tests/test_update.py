@@ -472,23 +472,39 @@ def steps(compiled):
 
 for got, want in zip(steps(True), steps(False), strict=True):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+def loss_and_gradients(loss_fn):  # the compiled loss alone, as data-parallel CPU runs use it
+    torch.manual_seed(0)
+    agent, g = Agent(17, 6), torch.Generator().manual_seed(2)
+    mb = Minibatch(torch.randn(64, 17, generator=g), torch.randn(64, 6, generator=g), torch.randn(64, generator=g) - 2,
+                   torch.randn(64, generator=g), torch.randn(64, generator=g), torch.randn(64, generator=g),
+                   torch.ones(64))
+    loss, stats = loss_fn(agent, mb, PPOSettings(compile=True))
+    loss.backward()
+    return [loss.detach(), stats] + [p.grad for p in agent.parameters()]
+
+from ppo import update
+compiled_loss = update._loss_function(PPOSettings(compile=True), torch.device("cpu"))
+for got, want in zip(loss_and_gradients(compiled_loss), loss_and_gradients(ppo_loss), strict=True):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 print("same as eager")
 """
 
 
-def test_a_compiled_step_cached_for_another_vector_width_is_not_reused(tmp_path):
+def test_compiled_cpu_code_cached_for_another_vector_width_is_not_reused(tmp_path):
     # Inductor's on-disk graph cache (torch 2.13) does not key on the vector instructions it generates:
     # a step compiled for AVX-512, then loaded in a process generating AVX2 code (ATEN_CPU_CAPABILITY=avx2,
-    # as a cache shared with an AVX2 machine would be) gave NaN parameters from its first call. CompiledStep
-    # names the width in its options (cpp.simdlen), so each width compiles its own graph.
+    # as a cache shared with an AVX2 machine would be) gave NaN parameters from its first call. The
+    # compiled step and the compiled loss name the width in their options (cpp.simdlen), so each width
+    # compiles its own graphs.
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    from ppo.compiled_step import _vector_width
+    from ppo.compiled_step import vector_width_option
 
-    if _vector_width() != 512:
+    if vector_width_option()["cpp.simdlen"] != 512:
         pytest.skip("needs a CPU with AVX-512, to compile for it and then for AVX2")
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)  # one cache, fresh, shared by both processes
