@@ -243,6 +243,15 @@ def test_the_compiled_whole_step_matches_the_plain_loop(target_kl, adaptive_lr_k
     assert not torch.equal(compiled[0][0][0], compiled[0][2][0]), "the updates did not train"
 
 
+def plain_step(agent: Agent, optimizer: torch.optim.Optimizer, mb: Minibatch, settings: PPOSettings) -> None:
+    """One eager minibatch step, as the plain update loop takes it: the reference for the compiled step."""
+    loss, _ = ppo_loss(agent, mb, settings)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
+    optimizer.step()
+
+
 def _steps(runs: list[tuple[PPOSettings, Agent]], compiled: bool, steps: int = 3) -> list[list[torch.Tensor]]:
     """Minibatch steps of each (settings, agent) in turn, step by step: each with a CompiledStep of
     its own, or the plain eager step. Returns each agent's parameters and Adam second moments."""
@@ -261,11 +270,7 @@ def _steps(runs: list[tuple[PPOSettings, Agent]], compiled: bool, steps: int = 3
                 stats = step(SampleTable(16, 5, 2, torch.device("cpu")).fill(mb), torch.arange(16)[None], total)
                 torch.testing.assert_close(total, before + stats)  # the running total, added in the graph
             else:
-                loss, _ = ppo_loss(agent, mb, settings)
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
-                optimizer.step()
+                plain_step(agent, optimizer, mb, settings)
     return [[p.detach().clone() for p in agent.parameters()]
             + [optimizer.state[p]["exp_avg_sq"].clone() for p in agent.parameters()]
             for (_, agent), optimizer in zip(runs, optimizers, strict=True)]
@@ -448,6 +453,7 @@ from ppo.agent import Agent
 from ppo.compiled_step import CompiledStep
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
+from tests.test_update import plain_step
 
 def steps(compiled):
     torch.manual_seed(0)
@@ -463,11 +469,7 @@ def steps(compiled):
             table = SampleTable(64, 17, 6, torch.device("cpu")).fill(mb)
             step(table, torch.arange(64)[None], torch.zeros(len(STAT_NAMES)))
         else:
-            loss, _ = ppo_loss(agent, mb, settings)
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
-            optimizer.step()
+            plain_step(agent, optimizer, mb, settings)
     return list(agent.parameters())
 
 for got, want in zip(steps(True), steps(False), strict=True):
