@@ -61,7 +61,8 @@ def vector_width_option() -> dict[str, int]:
     every torch.compile of CPU code here. Named, the width enters the key of inductor's on-disk graph
     cache, which (torch 2.13) leaves it out: a graph compiled for AVX-512 and loaded where AVX2 code
     is generated (ATEN_CPU_CAPABILITY=avx2, or a cache shared with another machine) gave NaN from its
-    first call, and the reverse corrupted the heap (docs/benchmarks.md)."""
+    first call, and the reverse corrupted the heap (docs/benchmarks.md). Only the width is keyed: two
+    512-bit machines, one with AMX and one without, would still share graphs."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return {"cpp.simdlen": pick_vec_isa().bit_width()}
