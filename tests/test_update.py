@@ -1,19 +1,24 @@
 """The PPO loss: dummy samples (weight 0) change nothing, whatever they hold."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from buffers import Minibatch, SampleTable
 from ppo.agent import Agent
+from ppo.compiled_step import vector_width_option
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, ppo_loss
 
 
-def random_minibatch(n: int, seed: int) -> Minibatch:
+def random_minibatch(n: int, seed: int, obs_dim: int = 5, act_dim: int = 2) -> Minibatch:
     g = torch.Generator().manual_seed(seed)
-    return Minibatch(observations=torch.randn(n, 5, generator=g), actions=torch.randn(n, 2, generator=g),
+    return Minibatch(observations=torch.randn(n, obs_dim, generator=g), actions=torch.randn(n, act_dim, generator=g),
                      log_probs=torch.randn(n, generator=g) - 2, values=torch.randn(n, generator=g),
                      advantages=torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
                      weights=torch.ones(n))
@@ -448,23 +453,20 @@ def test_adam_state_binding_checks_the_optimizer_and_shares_one_step_count():
 
 _STEP_AGAINST_EAGER = """
 import torch
-from buffers import Minibatch, SampleTable
+from buffers import SampleTable
 from ppo.agent import Agent
 from ppo.compiled_step import CompiledStep
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
-from tests.test_update import plain_step
+from tests.test_update import plain_step, random_minibatch
 
 def steps(compiled):
     torch.manual_seed(0)
     agent, settings = Agent(17, 6), PPOSettings(compile=True)  # HalfCheetah's sizes: they showed the fault
     optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
     step = CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
-    g = torch.Generator().manual_seed(1)
-    for _ in range(2):
-        mb = Minibatch(torch.randn(64, 17, generator=g), torch.randn(64, 6, generator=g),
-                       torch.randn(64, generator=g) - 2, torch.randn(64, generator=g), torch.randn(64, generator=g),
-                       torch.randn(64, generator=g), torch.ones(64))
+    for seed in range(2):
+        mb = random_minibatch(64, seed, obs_dim=17, act_dim=6)
         if compiled:
             table = SampleTable(64, 17, 6, torch.device("cpu")).fill(mb)
             step(table, torch.arange(64)[None], torch.zeros(len(STAT_NAMES)))
@@ -477,11 +479,8 @@ for got, want in zip(steps(True), steps(False), strict=True):
 
 def loss_and_gradients(loss_fn):  # the compiled loss alone, as data-parallel CPU runs use it
     torch.manual_seed(0)
-    agent, g = Agent(17, 6), torch.Generator().manual_seed(2)
-    mb = Minibatch(torch.randn(64, 17, generator=g), torch.randn(64, 6, generator=g), torch.randn(64, generator=g) - 2,
-                   torch.randn(64, generator=g), torch.randn(64, generator=g), torch.randn(64, generator=g),
-                   torch.ones(64))
-    loss, stats = loss_fn(agent, mb, PPOSettings(compile=True))
+    agent = Agent(17, 6)
+    loss, stats = loss_fn(agent, random_minibatch(64, 2, obs_dim=17, act_dim=6), PPOSettings(compile=True))
     loss.backward()
     return [loss.detach(), stats] + [p.grad for p in agent.parameters()]
 
@@ -499,13 +498,6 @@ def test_compiled_cpu_code_cached_for_another_vector_width_is_not_reused(tmp_pat
     # as a cache shared with an AVX2 machine would be) gave NaN parameters from its first call. The
     # compiled step and the compiled loss name the width in their options (cpp.simdlen), so each width
     # compiles its own graphs.
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from ppo.compiled_step import vector_width_option
-
     if vector_width_option()["cpp.simdlen"] != 512:
         pytest.skip("needs a CPU with AVX-512, to compile for it and then for AVX2")
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
