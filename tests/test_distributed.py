@@ -105,3 +105,40 @@ def test_torchrun_trains_with_two_workers_one_run_dir_and_resumes(tmp_path):
     assert second.returncode == 0, output(second)
     resumed = torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=True)
     assert (resumed["global_step"], resumed["iteration"]) == (2048, 4)
+
+
+# A torchrun worker that joins the group, builds an optimiser (whose first construction imports
+# torch._dynamo, and with it torch.distributed.nn, as train.py's does), and leaves the group.
+_JOIN_AND_LEAVE = """
+import os
+import sys
+import torch
+from ppo import distributed
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = threads()
+distributed.start(torch.device("cpu"))
+joined = threads()
+torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+distributed.stop()
+with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
+    f.write(f"{before} {joined} {threads()}")
+"""
+
+
+def test_leaving_the_group_joins_gloos_threads_before_the_interpreter_shuts_down(tmp_path):
+    # Left running into the interpreter's shutdown, a gloo thread that drops a finished all-reduce's
+    # tensors there needs the GIL and aborts the process (distributed.start says how they were kept).
+    script = tmp_path / "join_and_leave.py"
+    script.write_text(_JOIN_AND_LEAVE)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+         str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, output(result)
+    for rank in (0, 1):
+        before, joined, after = map(int, (tmp_path / f"rank{rank}").read_text().split())
+        assert joined > before, f"rank {rank}: the group started no thread, so this test checks nothing"
+        assert after == before, f"rank {rank}: {before} threads before joining the group, {after} after leaving it"
