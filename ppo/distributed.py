@@ -36,7 +36,7 @@ def start(device: torch.device) -> Workers:
         # defaults hold the group past destroy_process_group, so gloo's threads live on into the
         # interpreter's shutdown. There a thread dropping a finished all-reduce's tensors needs the
         # GIL and is killed inside a destructor: the process aborts ("terminate called without an
-        # active exception"; a torchrun launch in ~50 on a loaded 2-core machine).
+        # active exception"; 3 torchrun launches in 113 on a loaded 2-core machine).
         import torch.distributed.nn  # noqa: F401
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Workers(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before any group exists, as distributed.start has it (why: there)
 import torch.multiprocessing as mp
 
 from buffers import RolloutBuffer
@@ -50,8 +51,7 @@ def worker(rank: int, init_file: str, out_dir: str) -> None:
     rms = RunningMeanStd((OBS,), torch.device("cpu"))
     rms.update(filled_buffer(20 + rank).observations.reshape(-1, OBS))
     torch.save({"agent": agent.state_dict(), "rms": rms.state_dict()}, f"{out_dir}/rank{rank}.pt")
-    # Both ranks done before either tears its connections down, as ppo/distributed.py does: once (a
-    # clean-clone CI run, session 38) rank 1 aborted here ("terminate called without an active exception").
+    # Both ranks done before either tears its connections down, as ppo/distributed.py does.
     dist.barrier()
     dist.destroy_process_group()
 
