@@ -128,7 +128,7 @@ with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
 """
 
 
-def test_leaving_the_group_joins_gloos_threads_before_the_interpreter_shuts_down(tmp_path):
+def test_leaving_the_group_ends_its_gloo_threads_before_the_interpreter_shuts_down(tmp_path):
     # Left running into the interpreter's shutdown, a gloo thread that drops a finished all-reduce's
     # tensors there needs the GIL and aborts the process (distributed.start says how they were kept).
     script = tmp_path / "join_and_leave.py"
