@@ -76,13 +76,18 @@ def test_two_workers_match_each_other_and_one_worker_with_the_combined_batch(tmp
         torch.testing.assert_close(ranks[r]["rms"]["var"], rms.var)
 
 
-def torchrun(*overrides: str) -> subprocess.CompletedProcess:
+def two_workers(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`script` run by torchrun as two workers on this host, from the repo root (importable there)."""
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-         "env=InvertedPendulum-v4", "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64",
-         "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", *overrides],
-        # faulthandler: a worker that aborts (rank 1 did, rarely, under load; session 58) prints where it was
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args],
+        # faulthandler: a worker that aborts prints where it was
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)})
+
+
+def torchrun(*overrides: str) -> subprocess.CompletedProcess:
+    return two_workers("train.py", "env=InvertedPendulum-v4", "env.num_envs=4", "env.num_threads=1", "ppo.num_steps=64",
+                       "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", *overrides)
 
 
 def output(result: subprocess.CompletedProcess) -> str:
@@ -133,10 +138,7 @@ def test_leaving_the_group_ends_its_gloo_threads_before_the_interpreter_shuts_do
     # tensors there needs the GIL and aborts the process (distributed.start says how they were kept).
     script = tmp_path / "join_and_leave.py"
     script.write_text(_JOIN_AND_LEAVE)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-         str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = two_workers(str(script), str(tmp_path), timeout=120)
     assert result.returncode == 0, output(result)
     for rank in (0, 1):
         before, joined, after = map(int, (tmp_path / f"rank{rank}").read_text().split())
