@@ -82,7 +82,12 @@ def two_workers(script: str, *args: str, timeout: int = 300) -> subprocess.Compl
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args],
         # faulthandler: a worker that aborts prints where it was
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": str(ROOT)})
+        env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": search_path()})
+
+
+def search_path() -> str:
+    """The repo root ahead of the caller's own PYTHONPATH, which may hold the packages (kept, not replaced)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def torchrun(*overrides: str) -> subprocess.CompletedProcess:
@@ -120,16 +125,25 @@ import sys
 import torch
 from ppo import distributed
 
-def threads():
-    return len(os.listdir("/proc/self/task"))
+def gloo_threads():
+    # Gloo names its threads (gloo_tcp_loop, pt_gloo_runloop); other libraries may start threads of
+    # their own meanwhile (one more on the H200 host's CUDA build), so a plain count would blame gloo.
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended while we listed them
+            pass
+    return sum("gloo" in name for name in names)
 
-before = threads()
+before = gloo_threads()
 distributed.start(torch.device("cpu"))
-joined = threads()
+joined = gloo_threads()
 torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
 distributed.stop()
 with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
-    f.write(f"{before} {joined} {threads()}")
+    f.write(f"{before} {joined} {gloo_threads()}")
 """
 
 
@@ -142,5 +156,5 @@ def test_leaving_the_group_ends_its_gloo_threads_before_the_interpreter_shuts_do
     assert result.returncode == 0, output(result)
     for rank in (0, 1):
         before, joined, after = map(int, (tmp_path / f"rank{rank}").read_text().split())
-        assert joined > before, f"rank {rank}: the group started no thread, so this test checks nothing"
-        assert after == before, f"rank {rank}: {before} threads before joining the group, {after} after leaving it"
+        assert before == 0 and joined > 0, f"rank {rank}: {before} gloo threads before joining, {joined} in the group"
+        assert after == 0, f"rank {rank}: {after} gloo threads still running after leaving the group"
