@@ -126,8 +126,9 @@ import torch
 from ppo import distributed
 
 def gloo_threads():
-    # Gloo names its threads (gloo_tcp_loop, pt_gloo_runloop); other libraries may start threads of
-    # their own meanwhile (one more on the H200 host's CUDA build), so a plain count would blame gloo.
+    # Gloo's threads name themselves (pt_gloo_runloop, and gloo_tcp_loop on newer torch); other
+    # libraries start threads of their own meanwhile (on the H200 host's CUDA build, one named
+    # cuda00002c0000c by the time the group had left), so a plain count would blame gloo.
     names = []
     for task in os.listdir("/proc/self/task"):
         try:
@@ -139,6 +140,9 @@ def gloo_threads():
 
 before = gloo_threads()
 distributed.start(torch.device("cpu"))
+# A worker names itself when it starts, which under load can come after the group is made; one has
+# run this all-reduce, so it has a name by the time the call returns.
+torch.distributed.all_reduce(torch.zeros(1))
 joined = gloo_threads()
 torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
 distributed.stop()
