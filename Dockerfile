@@ -1,8 +1,8 @@
 # A CUDA PyTorch image that trains by default. Runs land in /app/runs, so mount a host dir there:
 #   docker run --gpus all -v "$PWD/runs:/app/runs" ppo-triton env=Hopper-v4
 #   docker run --gpus all -v "$PWD/runs:/app/runs" --entrypoint python ppo-triton scripts/evaluate.py runs/Hopper-v4/<run>
-# torch 2.11 with Triton 3.6, as on the H200 host that docs/benchmarks.md measured on (the 2.5.1 image
-# this file named before had Triton 3.1, which cannot build the GAE kernel; pyproject.toml says why).
+# torch 2.11 with Triton 3.6, as on the H200 host that docs/benchmarks.md measured on (Triton 3.1-3.4
+# cannot build the GAE kernel; pyproject.toml says why).
 FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 WORKDIR /app
 # libegl1/libgl1: MuJoCo's rendering libraries, which gymnasium's MuJoCo envs load. gcc: Triton builds
@@ -15,6 +15,6 @@ COPY buffers buffers
 COPY ppo ppo
 COPY configs configs
 COPY scripts scripts
-COPY train.py .
+COPY train.py hydra_edge.py ./
 RUN pip install --no-cache-dir -e .
 ENTRYPOINT ["python", "train.py", "device=cuda"]

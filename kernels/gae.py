@@ -18,8 +18,8 @@ import torch
 from kernels.reference import gae_reference
 
 try:  # Triton is optional on the CPU path (it is not installable everywhere).
-    from kernels.triton_gae import INTERPRET as _INTERPRET
-    from kernels.triton_gae import GaeLaunch
+    from kernels.gae_launch import INTERPRET as _INTERPRET
+    from kernels.gae_launch import GaeLaunch
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     GaeLaunch, _INTERPRET = None, False
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import random
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from ppo.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.pt"
-# What train.py's snapshot() writes and a resume or an evaluation reads. "value_normalizer" is left out:
+# What `training_state` writes and a resume or an evaluation reads. "value_normalizer" is left out:
 # checkpoints from before value normalisation lack it, and a resume of one does without it.
 KEYS = ("settings", "iteration", "global_step", "agent", "optimizer", "obs_normalizer", "reward_scaler",
         "generator", "torch_rng", "cuda_rng", "numpy_rng", "python_rng")
@@ -23,6 +25,40 @@ KEYS = ("settings", "iteration", "global_step", "agent", "optimizer", "obs_norma
 
 class CheckpointError(ValueError):
     """A file that is not a checkpoint train.py wrote: another file given by mistake, or a torn copy."""
+
+
+def training_state(settings, iteration: int, global_step: int, agent: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer, normalizers: dict[str, Any], generator: torch.Generator,
+                   observation_layout: list[list]) -> dict[str, Any]:
+    """Everything a resume needs to continue the run exactly (`KEYS`): its settings and position, the
+    model, the optimiser, the normalisers (by checkpoint key), the minibatch generator and every global
+    RNG stream. Only tensors, numbers, strings and containers of them, so a weights-only load reads it."""
+    return {
+        "settings": dataclasses.asdict(settings), "iteration": iteration, "global_step": global_step,
+        "observation_layout": observation_layout,
+        "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+        **{name: normalizer.state_dict() for name, normalizer in normalizers.items()},
+        "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy_rng": numpy_rng_state(), "python_rng": random.getstate(),
+    }
+
+
+def restore_training_state(checkpoint: dict[str, Any], agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           normalizers: dict[str, Any], generator: torch.Generator) -> None:
+    """Load `training_state`'s checkpoint into a freshly built run; a model that does not fit is a ConfigError."""
+    load_agent_weights(agent, checkpoint["agent"], "resume: the checkpoint's model does not fit this env/model config")
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    for name, normalizer in normalizers.items():
+        # Only a checkpoint from before value normalisation existed may lack one (of "value_normalizer").
+        if name in checkpoint or name != "value_normalizer":
+            normalizer.load_state_dict(checkpoint[name])
+    generator.set_state(checkpoint["generator"].cpu())
+    torch.set_rng_state(checkpoint["torch_rng"].cpu())
+    if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])
+    set_numpy_rng_state(checkpoint["numpy_rng"])
+    random.setstate(checkpoint["python_rng"])
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:

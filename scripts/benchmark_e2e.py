@@ -5,15 +5,16 @@
 
 Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
 1. raw: envpool stepping with random actions, same num_envs and threads, no learning; measured
-   before and after ours (the lent GPU host's rate drifts by 20-30% between runs), and the ratio
+   before and after ours (a shared GPU host's rate drifts by 20-30% between runs), and the ratio
    taken against their mean; threads pinned as training pins them (`env.pin_threads`), and the
    other way once more at the end, so neither setting's raw rate is hidden;
-2. ours: `train.train()` as `python train.py` runs it; steady state = median `time/iteration`
+2. ours: `ppo.trainer.train()` as `python train.py` runs it; steady state = median `time/iteration`
    after the warm-up iterations, with the median time breakdown (env, inference, GAE, update);
 3. CleanRL-style: scripts/cleanrl_reference.py with the same network, batch and minibatches, in two
-   layouts: CleanRL's own default (1 env x `batch` steps, the setting behind the ~310 steps/s issue 4
-   quotes for its script) and ours (`num_envs` x `num_steps`, which amortises the per-step host round
-   trip over 64 envs and so makes the baseline ~4x faster). `--cleanrl` picks one or both.
+   layouts: CleanRL's own default (1 env x `batch` steps, the setting of CleanRL's own script, which
+   measured ~310 steps/s on a 16-core H200 host) and ours (`num_envs` x `num_steps`, which amortises
+   the per-step host round trip over 64 envs and so makes the baseline ~4x faster). `--cleanrl` picks
+   one or both.
 """
 
 from __future__ import annotations
@@ -30,19 +31,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cleanrl_reference import cleanrl_style_sps
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from ppo.config import ConfigError, EnvSettings, resolve_device, settings_from_dict
+from ppo.envs import envpool_threads, import_envpool, pins_threads
+from ppo.trainer import train
+from ppo.update import compiles
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from cleanrl_reference import cleanrl_style_sps  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-import train  # noqa: E402
-from ppo.config import ConfigError, EnvSettings, resolve_device, settings_from_dict  # noqa: E402
-from ppo.envs import envpool_threads, import_envpool, pins_threads  # noqa: E402
-from ppo.update import compiles  # noqa: E402
 
 
 def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> float:
@@ -68,7 +66,7 @@ def our_sps(settings, device: torch.device, warmup: int) -> tuple[float, dict[st
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with tempfile.TemporaryDirectory() as run_dir:
-        train.train(settings, run_dir, device)
+        train(settings, run_dir, device)
         events = EventAccumulator(glob.glob(f"{run_dir}/events.out.tfevents.*")[0])
         events.Reload()
         breakdown = {tag: statistics.median(e.value for e in events.Scalars(tag)[warmup:])

@@ -6,25 +6,24 @@
     python scripts/benchmark_gae.py --sweep --shapes 4x131072 --layouts time --configs default default+e
 
 Per shape `NxT` and layout (env-major `[N, T]`; time-major `[T, N]` passed as `.T`):
-  call      full compute_gae call, wrapper included, back-to-back (what a training loop pays)
-  device    device time of the same call: back-to-back calls queued behind a GPU sleep, so the GPU
-            runs them without waiting for the host, as training calls it: repeated calls replay CUDA
-            graphs of their launch (kernels/README.md, section 5); there, the median of three rounds
-            that alternate with the eager launch's (eager dev, which on sm_90+ is a programmatic
-            dependent launch: it overlaps the previous call's tail, which a replay does not)
+  call      full compute_gae call, wrapper included, back to back (what a training loop pays)
+  GPU       GPU time of the same call: calls queued behind a GPU sleep, so the GPU runs them without
+            waiting for the host, as training calls it. Repeated calls replay CUDA graphs of their
+            launch (kernels/README.md, "Launching"); this is the median of three rounds that alternate
+            with the eager launch's (eager GPU; on sm_90+ a programmatic dependent launch, which
+            overlaps the previous call's tail where a replay does not)
   GB/s      bytes the call must move (22 B/element: 4 rewards, 4 values, 1+1 flags, 4 bootstrap,
-            4+4 outputs) over its device time; %copy is the copy's time over ours: the fraction of
-            copy bandwidth we reach on the same bytes. Env-major tiles of up to 1024 steps read
-            bootstrap values only around truncations and the last column (kernels/README.md), so
-            with rare episode ends they move about 18 of the 22 bytes, and can pass 100%
+            4+4 outputs) over its GPU time; %copy is the copy's time over ours: the fraction of copy
+            bandwidth we reach on the same bytes. Env-major tiles of up to 1024 steps read bootstrap
+            values only around truncations and the last column, so with rare episode ends they move
+            about 18 of the 22 bytes and can pass 100%
   copy      a device-to-device copy of the same bytes (the floor)
   loop      CleanRL's reverse Python loop of torch ops (only for short rows: it is slow)
   compile   torch.compile of a vectorised GAE built on torch's associative_scan
-  call/empty  the full call over a launch of an empty one-argument Triton kernel: the median of
-            the ratios of neighbouring blocks of each, alternated (the host's launch cost drifts
-            within a run, 11-18 us on the H200 host; a yardstick timed minutes apart drifts with it)
-  eager/empty, eager dev  call/empty and the device time again with the launch eager (graphs off),
-            for comparison
+  call/empty  the full call over a launch of an empty one-argument Triton kernel: the median of the
+            ratios of neighbouring blocks of each, alternated (a shared host's launch cost drifts
+            within a run; a yardstick timed minutes apart drifts with it)
+  eager/empty, eager GPU  call/empty and the GPU time again with the launch eager (graphs off)
 Times are medians. Small shapes are launch-bound; compare them only inside one run.
 """
 
@@ -38,143 +37,29 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import triton
+from dev.gae_cases import (  # scripts/dev/
+    BYTES_PER_ELEMENT,
+    GAMMA,
+    LAM,
+    launch_tile,
+    make_inputs,
+    parse_tile,
+    reference_advantages,
+    reference_check,
+    relative_error,
+    run_gae,
+)
+from dev.timing import copy_time_us, empty_launch, median_time_us, paired_time_us, queued_time_us, warm_up_gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import compute_gae  # noqa: E402
-from kernels import gae as gae_module  # noqa: E402
+from kernels import compute_gae
+from kernels import gae as gae_module
 
 DEFAULT_SHAPES = ["1x2048", "64x256", "4096x32", "4096x128", "1024x1024", "16384x1024",
                   "16x65536", "4x131072", "1x1048576", "16x1048576"]
-BYTES_PER_ELEMENT = 22
 SWEEP_CONFIGS = ["default", "1x1024/4", "1x2048/8", "2x512/4", "128x8/1", "64x16/1", "32x32/1", "16x64/1", "8x128/1",
                  "32x64/2", "16x256/4"]
-GAMMA, LAM = 0.99, 0.95
-
-
-@triton.jit
-def _empty_kernel(x_ptr):  # the launch-cost yardstick
-    pass
-
-
-def median_time_us(fn, calls: int, repeats: int = 15) -> float:
-    """Median over `repeats` of (CUDA-event time of `calls` back-to-back fn() calls) / calls."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
-
-
-def paired_time_us(fn, yardstick, calls: int, repeats: int = 15) -> tuple[float, float, float]:
-    """`(median us per fn(), median us per yardstick(), median of their ratios)`, each timed as in
-    `median_time_us` in alternating blocks, so each ratio compares calls a few ms apart."""
-    fn()
-    yardstick()
-    torch.cuda.synchronize()
-    times: dict[int, list[float]] = {0: [], 1: []}
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    for _ in range(repeats):
-        for which, f in enumerate((fn, yardstick)):
-            events[0].record()
-            for _ in range(calls):
-                f()
-            events[1].record()
-            events[1].synchronize()
-            times[which].append(events[0].elapsed_time(events[1]) * 1e3 / calls)
-    ratios = [a / b for a, b in zip(times[0], times[1], strict=True)]
-    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
-
-
-def empty_launch() -> None:
-    _empty_kernel[(1,)](_EMPTY_ARGUMENT[0])
-
-
-_EMPTY_ARGUMENT: list[torch.Tensor] = []  # set in main (needs CUDA)
-
-
-def copy_time_us(nbytes: int, calls: int) -> float:
-    """A device-to-device copy moving `nbytes` (read plus write): the floor every %copy is measured against."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return queued_time_us(lambda: dst.copy_(src), calls)
-
-
-def run_gae(x: dict[str, torch.Tensor]) -> None:
-    """The full `compute_gae` call on `make_inputs`' tensors, writing x's outputs in place."""
-    compute_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], gamma=GAMMA, lam=LAM,
-                bootstrap_values=x["bootstrap_values"], advantages=x["advantages"], returns=x["returns"])
-
-
-def queued_time_us(fn, calls: int, repeats: int = 15) -> float:
-    """Device time per fn() call: `calls` eager calls enqueued while the GPU sleeps, then timed.
-
-    The host gets ahead of the GPU, so the calls run back to back and the events measure device
-    time, launch costs hidden. Retries with a longer sleep if the sleep ended before the host had
-    queued every call."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    host_start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    host_us = (time.perf_counter() - host_start) * 1e6  # enqueue time of the calls, at worst
-    cycles = int(2.0 * host_us * 2000) + 100_000  # ~2 GHz: twice the host time, in cycles
-    asleep = torch.cuda.Event(enable_timing=True)
-    samples = []
-    while len(samples) < repeats:
-        asleep.record()
-        torch.cuda._sleep(cycles)
-        enqueue_start = time.perf_counter()
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        enqueued_us = (time.perf_counter() - enqueue_start) * 1e6
-        end.synchronize()
-        slept_us = asleep.elapsed_time(start) * 1e3
-        if enqueued_us > 0.9 * slept_us:  # the GPU caught up with the host: sleep longer
-            if cycles > 1e11:
-                raise RuntimeError(f"queued_time_us: the host never got ahead of the GPU ({enqueued_us:.0f} us)")
-            cycles *= 2
-            continue
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
-
-
-def make_inputs(num_envs: int, num_steps: int, time_major: bool, done_rate: float = 0.001) -> dict[str, torch.Tensor]:
-    """A random rollout on CUDA; `done_rate` of the steps end an episode (half terminated, half truncated)."""
-    shape = (num_steps, num_envs) if time_major else (num_envs, num_steps)
-    g = torch.Generator(device="cuda").manual_seed(0)
-
-    def layout(x):
-        return x.T if time_major else x
-
-    done = torch.rand(shape, device="cuda", generator=g) < done_rate
-    terminated = done & (torch.rand(shape, device="cuda", generator=g) < 0.5)
-    truncated = done & ~terminated
-    bootstrap = torch.where(truncated, torch.randn(shape, device="cuda", generator=g), 0.0)
-    rollout = {
-        "rewards": layout(torch.randn(shape, device="cuda", generator=g)),
-        "values": layout(torch.randn(shape, device="cuda", generator=g)),
-        "terminateds": layout(terminated),
-        "truncateds": layout(truncated),
-        "bootstrap_values": layout(bootstrap),
-    }
-    rollout["bootstrap_values"][:, -1] = torch.randn(num_envs, device="cuda", generator=g)
-    rollout["advantages"] = layout(torch.full(shape, float("nan"), device="cuda"))
-    rollout["returns"] = layout(torch.full(shape, float("nan"), device="cuda"))
-    return rollout
 
 
 def cleanrl_loop(rewards, values, terminateds, truncateds, bootstrap_values, gamma, lam):
@@ -217,37 +102,6 @@ def make_vectorised_gae(combine):
     return vectorised_gae
 
 
-def reference_check(x: dict[str, torch.Tensor], expected: np.ndarray | None = None, gamma: float = GAMMA,
-                    lam: float = LAM) -> float:
-    """Max |ours - float64 numpy loop| for rows of any length (used on the long-row shapes)."""
-    if expected is None:
-        expected = reference_advantages(x, gamma, lam)
-    return float(np.abs(expected - x["advantages"].double().cpu().numpy()).max())
-
-
-def relative_error(x: dict[str, torch.Tensor], expected: np.ndarray) -> float:
-    """`reference_check` over the largest expected advantage where that exceeds 1: rollouts that
-    nothing cuts (gamma = lambda = 1, no episode ends) sum to advantages in the hundreds."""
-    return reference_check(x, expected) / max(1.0, float(np.abs(expected).max()))
-
-
-def reference_advantages(x: dict[str, torch.Tensor], gamma: float = GAMMA, lam: float = LAM) -> np.ndarray:
-    """GAE advantages `[N, T]` by a float64 numpy loop over time."""
-    r, v, b = (x[k].double().cpu().numpy() for k in ("rewards", "values", "bootstrap_values"))
-    term, trunc = x["terminateds"].cpu().numpy(), x["truncateds"].cpu().numpy()
-    next_v = np.concatenate([v[:, 1:], b[:, -1:]], axis=1)
-    next_v = np.where(trunc, b, next_v)
-    next_v = np.where(term, 0.0, next_v)
-    delta = np.ascontiguousarray((r + gamma * next_v - v).T)
-    beta = np.ascontiguousarray(((~(term | trunc)) * (gamma * lam)).T)
-    adv = np.empty_like(delta)
-    acc = np.zeros(delta.shape[1])
-    for t in range(delta.shape[0] - 1, -1, -1):
-        acc = delta[t] + beta[t] * acc
-        adv[t] = acc
-    return adv.T
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="NxT shapes")
@@ -257,7 +111,7 @@ def main() -> None:
     parser.add_argument("--loop-max-steps", type=int, default=2048, help="run the Python loop only for T <= this")
     parser.add_argument("--check-max-elements", type=int, default=1 << 24, help="float64 check up to N*T")
     parser.add_argument("--json", type=Path, help="write every measurement here")
-    parser.add_argument("--sweep", action="store_true", help="instead: device time per tile size and warp count")
+    parser.add_argument("--sweep", action="store_true", help="instead: GPU time per tile size and warp count")
     parser.add_argument("--configs", nargs="+", default=SWEEP_CONFIGS,
                         help="--sweep tiles as NxT/WARPS or 'default' (the plan's choice), each optionally "
                              "followed by @WINDOW (look-back chunks read per round), #REGS (a cap on "
@@ -270,7 +124,7 @@ def main() -> None:
                              "(bootstrap values read only where they count / at every step) and +l / +e "
                              "(a programmatic dependent launch or not)")
     parser.add_argument("--after-kernel", action="store_true",
-                        help="instead: device time of the call queued right after a torch kernel that writes "
+                        help="instead: GPU time of the call queued right after a torch kernel that writes "
                              "its values (as a training loop's value pass does), the pair's time minus that kernel's")
     parser.add_argument("--done-rate", type=float,
                         help="--sweep: the fraction of steps that end an episode (default, and the table's: 0.001)")
@@ -278,7 +132,7 @@ def main() -> None:
                         help="--sweep: gamma and lambda both set to this (1.0 with --done-rate 0: unbroken chains)")
     args = parser.parse_args()
     if not args.sweep and (args.done_rate is not None or args.gamma_lam is not None):
-        parser.error("--done-rate and --gamma-lam apply to --sweep only (the table keeps the issue's inputs)")
+        parser.error("--done-rate and --gamma-lam apply to --sweep only (the table keeps its inputs fixed)")
     if not torch.cuda.is_available():
         sys.exit("benchmark_gae.py needs a CUDA GPU")
     if args.sweep:
@@ -289,20 +143,15 @@ def main() -> None:
     device_name = torch.cuda.get_device_name()
     print(f"# {device_name}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
-    big = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    big_out = torch.empty_like(big)
-    for _ in range(200):  # raise the clocks from idle before timing anything
-        big_out.copy_(big)
-    del big, big_out
-    _EMPTY_ARGUMENT.append(torch.empty(1, device="cuda"))
+    warm_up_gpu()
     empty_us = median_time_us(empty_launch, 200)
     print(f"# empty Triton kernel launch {empty_us:.2f} us", flush=True)
 
     compile_state = {"combine": None, "spent": 0.0, "enabled": not args.no_compile}
     rows = []
-    header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'device us':>9} {'GB/s':>7} {'%copy':>6} "
+    header = (f"{'N x T':>12} {'layout':>6} {'call us':>9} {'GPU us':>9} {'GB/s':>7} {'%copy':>6} "
               f"{'copy us':>8} {'loop us':>10} {'compile us':>10} {'empty us':>8} {'call/empty':>10} {'max err':>8} "
-              f"{'eager/empty':>11} {'eager dev':>9}")
+              f"{'eager/empty':>11} {'eager GPU':>9}")
     print(header, flush=True)
     for spec in args.shapes:
         for layout in args.layouts:
@@ -327,8 +176,8 @@ def main() -> None:
 def after_kernel(args, rounds: int = 3) -> None:
     """Device us of the full call right after a torch kernel that writes its values, back to back:
     the pair's time minus that kernel's alone, beside the call alone and a copy of its bytes. Where the
-    launch is a programmatic dependent one (kernels/README.md, section 5) it overlaps that kernel's tail."""
-    print(f"# {torch.cuda.get_device_name()}: device us, {rounds} rounds; after = pair - kernel")
+    launch is a programmatic dependent one (kernels/README.md, "Launching") it overlaps that kernel's tail."""
+    print(f"# {torch.cuda.get_device_name()}: GPU us, {rounds} rounds; after = pair - kernel")
     print(f"{'N x T':>12} {'layout':>6} {'copy':>7} {'call':>7} {'kernel':>7} {'pair':>7} {'after':>7}  max err")
     for spec in args.shapes:
         num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
@@ -361,14 +210,13 @@ def after_kernel(args, rounds: int = 3) -> None:
 def sweep_tiles(args) -> None:
     """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
     A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 (relative to the
-    largest advantage, where that exceeds 1) is marked '!'. Every cell launches the kernel: on sm_90+ a
-    programmatic dependent launch since session 38, about 1 us faster than the plain launches of the
-    sweeps before it (`+e` launches plainly, for comparing with those)."""
+    largest advantage, where that exceeds 1) is marked '!'. Every cell launches the kernel (no graph
+    replay): on sm_90+ a programmatic dependent launch unless the label says `+e`."""
     configs = [parse_tile(label) for label in args.configs]
     labels = args.configs
     gamma, lam = (GAMMA, LAM) if args.gamma_lam is None else (args.gamma_lam, args.gamma_lam)
     done_rate = 0.001 if args.done_rate is None else args.done_rate
-    print(f"# {torch.cuda.get_device_name()}: device us per tile [block_n x block_t]/warps; "
+    print(f"# {torch.cuda.get_device_name()}: GPU us per tile [block_n x block_t]/warps; "
           f"copy = the same bytes copied; done rate {done_rate:g}, gamma {gamma:g}, lambda {lam:g}")
     print(f"{'N x T':>12} {'layout':>6} {'copy':>7} " + " ".join(f"{label:>9}" for label in labels), flush=True)
     for spec in args.shapes:
@@ -394,61 +242,6 @@ def sweep_tiles(args) -> None:
             torch.cuda.empty_cache()
 
 
-def launch_tile(x: dict[str, torch.Tensor], options: dict, gamma: float = GAMMA, lam: float = LAM) -> None:
-    """One launch on `make_inputs`' tensors with `parse_tile`'s options, writing x's outputs."""
-    from kernels.triton_gae import launch_gae
-
-    launch_gae(x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
-               gamma, lam, x["advantages"], x["returns"], **options)
-
-
-def parse_tile(label: str) -> dict:
-    """'NxT/WARPS[@WINDOW][#REGS][:quads|:whole][+p][+m][+r|+g][+c|+s][+x|+a][+b|+d]' or 'default[...]' -> options.
-
-    NxT/WARPS sets the tile and warps ('default' keeps the plan's); @WINDOW the look-back window
-    (chunks read per round); #REGS caps the registers per thread (Triton's `maxnreg`; #0: no cap; without
-    it, `register_cap`'s default, which depends on the window: `@8` on a 16-row tile is capped at 168); :quads /
-    :whole forces the four-quarter scan on or off; +p turns the early read of
-    the next chunk's start advantage on; +m keeps the bounds masks where the tiles divide the problem;
-    +r / +g: the quads' scan carries the map after each quad / a gather reads it (`rest_scan`);
-    +c / +s: chunks publish from the tile's first column / from the tile summed to it (`publish_column`);
-    +x / +a: with atomics in inline PTX / Triton's atomics (`publish_ptx`); +b / +d: bootstrap values read
-    only where they count / at every step (`sparse_bootstrap`); +l / +e: launched as a programmatic
-    dependent launch or not (`pdl`)."""
-    label, *extras = label.split("+")
-    label, _, scan = label.partition(":")
-    label, _, regs = label.partition("#")
-    label, _, window = label.partition("@")
-    options = {"window": int(window) if window else None, "maxnreg": int(regs) if regs else None}
-    for extra in extras:
-        if extra == "p":
-            options["probe"] = True
-        elif extra == "m":
-            options["even"] = False
-        elif extra in ("r", "g"):
-            options["rest_scan"] = extra == "r"
-        elif extra in ("c", "s"):
-            options["publish_column"] = extra == "c"
-        elif extra in ("x", "a"):
-            options["publish_ptx"] = extra == "x"
-        elif extra in ("b", "d"):
-            options["sparse_bootstrap"] = extra == "b"
-        elif extra in ("l", "e"):
-            options["pdl"] = extra == "l"
-        else:
-            raise ValueError(f"tile {label!r}: unknown option '+{extra}' "
-                             "(+p, +m, +r, +g, +c, +s, +x, +a, +b, +d, +l or +e)")
-    if scan:
-        if scan not in ("quads", "whole"):
-            raise ValueError(f"tile {label!r}: scan must be 'quads' or 'whole', got {scan!r}")
-        options["quads"] = scan == "quads"
-    if label != "default":
-        tile, warps = label.split("/")
-        block_n, block_t = (int(v) for v in tile.split("x"))
-        options.update(block=(block_n, block_t), num_warps=int(warps))
-    return options
-
-
 def _elements(spec: str) -> int:
     num_envs, num_steps = (int(s) for s in spec.lower().split("x"))
     return num_envs * num_steps
@@ -466,8 +259,8 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
     calls = max(5, min(200, int(2e8 // max(nbytes, 1))))
     # enough calls that launches overlap; the empty launch alternates with them (see the docstring)
     call_us, empty_us, call_over_empty = paired_time_us(ours, empty_launch, max(calls, 50))
-    # At least 50 calls a device sample too, for replays and launches alike: a sample of 5-17 calls
-    # (the large shapes) measured 1-2% more per call than one of 200 (session 24).
+    # At least 50 calls a GPU-time sample too, for replays and launches alike: a sample of 5-17 calls
+    # (the large shapes) measured 1-2% more per call than one of 200.
     eager, device_us = eager_times(ours, x, max(calls, 50), max(calls, 50))
     small_rows = num_envs * num_steps <= args.check_max_elements and num_envs <= 16
     if small_rows:  # check what the timed calls ran (a graph replay, where they replay one)
@@ -522,9 +315,9 @@ def measure(spec: str, layout: str, args, compile_state: dict) -> dict:
 
 def eager_times(ours, x: dict[str, torch.Tensor], calls: int, device_calls: int,
                 rounds: int = 3) -> tuple[dict[str, float], float]:
-    """`(eager columns, device us of the call)`. Where `compute_gae` replays CUDA graphs of this
-    call's launch, the eager columns time the call again with the launch eager (as before session
-    23): `calls` paired with the empty launch, and the device time in `rounds` that alternate with
+    """`(eager columns, GPU us of the call)`. Where `compute_gae` replays CUDA graphs of this
+    call's launch, the eager columns time the call again with the launch eager: `calls` paired with
+    the empty launch, and the GPU time in `rounds` that alternate with
     the replays' (`device_calls` queued each), medians, so that a drift of the GPU within the row
     cannot favour one. NaN where the call launches eagerly anyway (graphs off)."""
     tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,

@@ -13,19 +13,15 @@ loop over time for GAE, and numpy-shuffled minibatches.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ppo.agent import Agent  # noqa: E402
-from ppo.config import ConfigError, resolve_device  # noqa: E402
-from ppo.envs import import_envpool  # noqa: E402
+from ppo.agent import Agent
+from ppo.config import ConfigError, resolve_device
+from ppo.envs import import_envpool
 
 
 class NumpyRunningMeanStd:

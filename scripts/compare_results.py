@@ -23,9 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from summarize_results import check_dirs_exist, env_of, find_runs  # noqa: E402
+from summarize_results import check_dirs_exist, env_of, find_runs
 
 
 def scores_by_task(roots: list[Path]) -> dict[tuple[str, int], list[float]]:

@@ -13,15 +13,13 @@ import argparse
 import dataclasses
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import ppo.policy  # noqa: E402
-from ppo.checkpoint import CheckpointError  # noqa: E402
-from ppo.config import ConfigError, check_seed, resolve_device  # noqa: E402
-from ppo.envs import VecEnv, make_envs  # noqa: E402
+import ppo.policy
+from ppo.checkpoint import CheckpointError
+from ppo.config import ConfigError, check_seed, resolve_device
+from ppo.envs import VecEnv, make_envs
 
 
 def envs_and_policy(checkpoint_path: str, device: torch.device, seed: int,

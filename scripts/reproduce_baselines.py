@@ -23,9 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ppo.config import ConfigError, check_device_name, resolve_device
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from ppo.config import ConfigError, check_device_name, resolve_device  # noqa: E402
 
 TASKS = ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4", "InvertedPendulum-v4"]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))

@@ -1,11 +1,9 @@
 """Summarise training runs into results.md, results/baselines.csv and learning-curve PNGs, written
 beside the runs (in the first folder named) or into --out.
 
-    python scripts/summarize_results.py multirun/ runs/       # any run dirs or folders holding them
-    python scripts/summarize_results.py RUNS --out docs --note "..."   # the project's docs/results.md
-
-The project's docs/results.md pools runs of several machines, most not on any one, and says below its
-table how they ran (--note): it is rewritten only when asked for by name.
+    python scripts/summarize_results.py multirun/ runs/          # any run dirs or folders holding them
+    python scripts/summarize_results.py RUNS --out docs          # the project's docs/results.md
+    python scripts/summarize_results.py --rows docs/results/baselines.csv --out docs   # the page from its CSV
 
 A run is a folder with `run_info.json` (written by train.py) and TensorBoard events. Per run, the
 score is CleanRL's metric: the average return of the last 100 training episodes (whole iterations
@@ -18,6 +16,10 @@ row: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clo
 over seeds (wall-clock: from the first to the last logged iteration of each process; SPS: the steps
 trained in that span over it, so a process's first iteration, its start-up and compile, counts in
 neither), and where they ran. One plot per task and budget, all its runs.
+
+results.md keeps what is written by hand between its NOTES markers (how the runs ran, what the rows
+say) when it is rewritten; `--rows` rebuilds the table from a CSV where the runs are not all on one
+machine (the project's pools several), keeping the plots already there.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ppo.config import EXECUTION_KEYS
+from ppo.logger import mean_of_last_episodes
+from ppo.run_dir import override_key, recorded_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from ppo.config import EXECUTION_KEYS  # noqa: E402
-from ppo.logger import mean_of_last_episodes  # noqa: E402
-from train import override_key, recorded_overrides  # noqa: E402
 
 # Public PPO results at the same budgets (mean return), drawn as a line on each plot.
 REFERENCES: dict[tuple[str, int], tuple[float, str]] = {
@@ -266,11 +268,24 @@ def plot(task: str, budget: int, group: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
-def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, note: str = "") -> None:
+NOTES_START = "<!-- notes: written by hand; summarize_results.py keeps them when it rewrites this page -->"
+NOTES_END = "<!-- end of notes -->"
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written notes block of an existing results.md (markers included), or ""."""
+    text = path.read_text() if path.is_file() else ""
+    start, end = text.find(NOTES_START), text.find(NOTES_END)
+    return text[start:end + len(NOTES_END)] if 0 <= start < end else ""
+
+
+def write_markdown(rows: list[dict], path: Path, images: Path) -> None:
+    """results.md: the table of `rows`, the notes the page already holds, then every task's plot."""
+    notes = kept_notes(path)
     lines = ["# Results", "",
-             "Written by `scripts/summarize_results.py`. Score: the average return of each run's last 100",
-             "training episodes (CleanRL's metric); mean and std (ddof=0) over seeds. The hardware column",
-             "ends with the simulator build. How and where the runs ran, and what the rows say: below the table.", "",
+             "The table is written by `scripts/summarize_results.py`. Score: the average return of each run's last",
+             "100 training episodes (CleanRL's metric); mean and std (ddof=0) over seeds. The hardware column ends",
+             "with the simulator build. How and where the runs ran, and what the rows say: below the table.", "",
              "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
              "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for row in rows:
@@ -279,21 +294,41 @@ def write_markdown(rows: list[dict], runs: list[Run], path: Path, images: Path, 
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
                      f"{row['wall_clock_s']:,} | {format_sps(row['sps'])} | {row['hardware']} |")
     lines.append("")
-    if note:
-        lines += [note, ""]
+    if notes:
+        lines += [notes, ""]
     for task, budget in sorted({(row["task"], row["steps"]) for row in rows}):
         image = images / plot_name(task, budget)
-        lines.append(f"![{task} {budget:,} steps]({image.relative_to(path.parent).as_posix()})")
+        if image.is_file():
+            lines.append(f"![{task} {budget:,} steps]({image.relative_to(path.parent).as_posix()})")
     path.write_text("\n".join(lines) + "\n")
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows `write_csv` wrote, typed back."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["steps"], row["seeds"] = int(row["steps"]), int(row["seeds"])
+        row["mean"], row["std"], row["wall_clock_s"] = float(row["mean"]), float(row["std"]), float(row["wall_clock_s"])
+        row["sps"] = int(row["sps"]) if row["sps"] else None
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("roots", nargs="+", type=Path, help="run dirs, or folders holding them")
+    parser.add_argument("roots", nargs="*", type=Path, help="run dirs, or folders holding them")
+    parser.add_argument("--rows", type=Path, help="instead of runs: rebuild results.md from this baselines.csv")
     parser.add_argument("--out", type=Path, default=None,
                         help="writes results.md and results/ here (default: the first folder of runs named)")
-    parser.add_argument("--note", default="", help="a paragraph for results.md (how and where the runs ran)")
     args = parser.parse_args()
+    if bool(args.roots) == bool(args.rows):
+        parser.error("name run dirs, or --rows CSV (not both)")
+    if args.rows:
+        check_dirs_exist(parser, [args.rows])
+        out = args.out or args.rows.parent.parent
+        write_markdown(read_csv(args.rows), out / "results.md", out / "results")
+        print(f"wrote {out / 'results.md'} from {args.rows}")
+        return
     check_dirs_exist(parser, args.roots)
     runs = find_runs(args.roots)
     if not runs:
@@ -308,7 +343,7 @@ def main() -> None:
     for task, budget in plots:
         group = [r for r in runs if (r.task, r.budget) == (task, budget)]
         plot(task, budget, group, out / "results" / plot_name(task, budget))
-    write_markdown(rows, runs, out / "results.md", out / "results", args.note)
+    write_markdown(rows, out / "results.md", out / "results")
     for row in rows:
         print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))
     print(f"wrote {out / 'results.md'}, {out / 'results' / 'baselines.csv'} and {len(plots)} "

@@ -19,11 +19,11 @@ import csv
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from summarize_results import check_dirs_exist, find_runs, format_sps, mean_sps  # noqa: E402
+from summarize_results import check_dirs_exist, find_runs, format_sps, mean_sps
 
-from train import recorded_overrides  # noqa: E402
+from ppo.run_dir import recorded_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COLUMNS = ["run", "env", "overrides", "final_return", "steps", "sps", "wall_clock_s"]
 

@@ -1,15 +1,51 @@
-"""Test setup: without a GPU, Triton kernels run under Triton's CPU interpreter.
+"""Test setup and the helpers tests share.
 
-TRITON_INTERPRET must be set before triton is imported, so it is set here, first.
+Without a GPU, Triton kernels run under Triton's CPU interpreter. TRITON_INTERPRET must be set before
+triton is imported, so it is set here, first.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py, configs/, scripts/
+
+
+def compose_config(*overrides: str, return_hydra_config: bool = False):
+    """configs/train.yaml composed with `overrides`, as train.py's Hydra composes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return compose(config_name="train", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def compose_settings(*overrides: str):
+    """The `TrainSettings` train.py would build from these overrides."""
+    from omegaconf import OmegaConf
+
+    from ppo.config import settings_from_dict
+
+    return settings_from_dict(OmegaConf.to_container(compose_config(*overrides), resolve=True))
+
+
+def filled_buffer(seed: int, num_steps: int = 8, num_envs: int = 16, obs_dim: int = 5, act_dim: int = 2,
+                  device: str | torch.device = "cpu", invalid_fraction: float = 0.1):
+    """A `RolloutBuffer` of random contents for the update's tests: about `invalid_fraction` of the steps
+    are autoreset dummies (invalid), advantages and returns are filled in as GAE would."""
+    from buffers import RolloutBuffer
+
+    g = torch.Generator().manual_seed(seed)
+    buffer = RolloutBuffer(num_steps, num_envs, obs_dim, act_dim, torch.device(device))
+    for name in ("observations", "actions", "values", "advantages", "returns"):
+        getattr(buffer, name).copy_(torch.randn(getattr(buffer, name).shape, generator=g))
+    buffer.log_probs.copy_(torch.randn(buffer.log_probs.shape, generator=g) - 2)
+    buffer.valid.copy_(torch.rand(buffer.valid.shape, generator=g) >= invalid_fraction)
+    return buffer
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from ppo.collect import Collector
 from ppo.config import ConfigError, EnvSettings
 from ppo.envs import EnvpoolEnvs, _known_ids, make_envs
 from ppo.normalize import ObservationNormalizer, RewardScaler
+from tests.conftest import filled_buffer
 from tests.toy_env import TOY_ID, register_toy_envs
 
 GAMMA, LAM = 0.9, 0.8
@@ -109,9 +110,8 @@ def test_dummy_steps_carry_zero_weight_in_the_minibatches():
 
 def test_sample_table_gathers_every_field_as_the_buffer_holds_it():
     # One gather of packed rows must give, field by field, the rows of the flat batch at `index`.
-    from tests.test_update import filled_buffer
 
-    buffer = filled_buffer(torch.device("cpu"), seed=1, num_steps=5, num_envs=7)
+    buffer = filled_buffer(1, num_steps=5, num_envs=7)
     index = torch.randperm(35, generator=torch.Generator().manual_seed(2))[:11]
     for normalize in (False, True):
         flat = buffer.flat_batch(normalize)

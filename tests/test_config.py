@@ -2,11 +2,8 @@
 
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from ppo.config import (
     ConfigError,
@@ -16,17 +13,11 @@ from ppo.config import (
     flat_settings,
     learning_differences,
     resolve_device,
-    settings_from_dict,
 )
+from tests.conftest import ROOT, compose_settings
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = ROOT / "configs"
 ENV_FILES = sorted(p.stem for p in (CONFIGS / "env").glob("*.yaml"))
-
-
-def compose_settings(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose(config_name="train", overrides=list(overrides))
-    return settings_from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
 def test_there_is_a_file_per_task_and_version():

@@ -4,7 +4,6 @@ equal to one worker's update on the combined batch; normaliser statistics merge;
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,28 +15,23 @@ from ppo.agent import Agent
 from ppo.config import PPOSettings
 from ppo.normalize import RunningMeanStd
 from ppo.update import ppo_update
+from tests.conftest import ROOT, filled_buffer
 
-ROOT = Path(__file__).resolve().parents[1]
 NUM_STEPS, NUM_ENVS, OBS, ACT = 8, 3, 4, 2
 # One full-batch minibatch and no advantage normalisation: the mean loss over the combined batch is
 # then exactly the mean of the two workers' losses, so their averaged gradient is its gradient.
 SETTINGS = PPOSettings(num_minibatches=1, update_epochs=2, norm_adv="off")
 
 
-def filled_buffer(seed: int, num_envs: int = NUM_ENVS) -> RolloutBuffer:
-    g = torch.Generator().manual_seed(seed)
-    buffer = RolloutBuffer(NUM_STEPS, num_envs, OBS, ACT, torch.device("cpu"))
-    for name in ("observations", "actions", "log_probs", "values", "advantages", "returns"):
-        tensor = getattr(buffer, name)
-        tensor.copy_(torch.randn(tensor.shape, generator=g))
-    buffer.log_probs -= 3
-    return buffer
+def worker_buffer(seed: int) -> RolloutBuffer:
+    """One worker's rollout; every step valid, so that the two workers' losses weigh alike."""
+    return filled_buffer(seed, NUM_STEPS, NUM_ENVS, OBS, ACT, invalid_fraction=0.0)
 
 
 def combined_buffer() -> RolloutBuffer:
-    parts = [filled_buffer(seed) for seed in (10, 11)]
+    parts = [worker_buffer(seed) for seed in (10, 11)]
     buffer = RolloutBuffer(NUM_STEPS, 2 * NUM_ENVS, OBS, ACT, torch.device("cpu"))
-    for name in ("observations", "actions", "log_probs", "values", "advantages", "returns"):
+    for name in ("observations", "actions", "log_probs", "values", "advantages", "returns", "valid"):
         getattr(buffer, name).copy_(torch.cat([getattr(p, name) for p in parts], dim=1))
     return buffer
 
@@ -47,9 +41,9 @@ def worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.manual_seed(0)
     agent = Agent(OBS, ACT)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5)
-    ppo_update(agent, optimizer, filled_buffer(10 + rank), SETTINGS, torch.Generator().manual_seed(rank))
+    ppo_update(agent, optimizer, worker_buffer(10 + rank), SETTINGS, torch.Generator().manual_seed(rank))
     rms = RunningMeanStd((OBS,), torch.device("cpu"))
-    rms.update(filled_buffer(20 + rank).observations.reshape(-1, OBS))
+    rms.update(worker_buffer(20 + rank).observations.reshape(-1, OBS))
     torch.save({"agent": agent.state_dict(), "rms": rms.state_dict()}, f"{out_dir}/rank{rank}.pt")
     # Both ranks done before either tears its connections down, as ppo/distributed.py does.
     dist.barrier()
@@ -70,7 +64,7 @@ def test_two_workers_match_each_other_and_one_worker_with_the_combined_batch(tmp
         torch.testing.assert_close(ranks[0]["agent"][key], value, rtol=1e-5, atol=1e-6)
 
     rms = RunningMeanStd((OBS,), torch.device("cpu"))
-    rms.update(torch.cat([filled_buffer(20 + r).observations.reshape(-1, OBS) for r in (0, 1)]))
+    rms.update(torch.cat([worker_buffer(20 + r).observations.reshape(-1, OBS) for r in (0, 1)]))
     for r in (0, 1):
         torch.testing.assert_close(ranks[r]["rms"]["mean"], rms.mean)
         torch.testing.assert_close(ranks[r]["rms"]["var"], rms.var)

@@ -3,13 +3,11 @@
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from tests.conftest import ROOT
 
 
 def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):

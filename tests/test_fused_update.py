@@ -7,7 +7,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from ppo.config import ConfigError, PPOSettings
 from ppo.fused_update import FusedStep, auto_fallback_note, fuses, unsupported_reason
 from ppo.normalize import ValueNormalizer
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
+from tests.conftest import ROOT
 from tests.rollouts import poisoned_like
 from tests.test_update import assert_same_updates, random_minibatch, run_updates
 
@@ -28,7 +28,6 @@ TOLERANCES = {  # relative for stats and Adam's moments, absolute for parameters
     "tf32": {"stats": 1e-2, "params": 2e-4, "moments": 5e-2, "moments_atol": 1e-4},
     "tf32x3": {"stats": 1e-4, "params": 1e-6, "moments": 1e-3, "moments_atol": 1e-9},
 }
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_table(num_samples: int, obs_dim: int, act_dim: int, agent: Agent, seed: int) -> SampleTable:
@@ -256,7 +255,7 @@ def test_a_fused_run_trains_checkpoints_and_resumes(tmp_path):
 def test_the_kernel_compiles_for_a_cuda_gpu():
     # The interpreter above never runs Triton's compiler; this compiles the exact launches of
     # `FusedStep` for sm_90 down to a cubin, which needs no GPU.
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_kernels.py"), "--kernels", "ppo"],
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "dev" / "compile_kernels.py"), "--kernels", "ppo"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled in") == 12, done.stdout  # two kernels x two configurations x three precisions

@@ -3,13 +3,13 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import kernels.gae
 from kernels import compute_gae
+from tests.conftest import ROOT
 from tests.rollouts import random_rollout
 
 
@@ -155,7 +155,7 @@ def test_environment_variable_turns_the_checks_on():
     for value, expected in (("1", "True"), ("0", "False")):
         env = {**os.environ, "RL_TRITON_CORRECTNESS_WARNINGS": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parents[1])
+                             cwd=ROOT)
         assert out.stdout.strip() == expected
 
 

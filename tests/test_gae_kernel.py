@@ -10,13 +10,14 @@ import itertools
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from kernels import compute_gae, triton_gae
-from kernels.triton_gae import GaeLaunch, launch_gae, look_back_layout_ok, look_back_window, plan, uses_quads
+from kernels import compute_gae, gae_kernel, gae_launch, gae_plan
+from kernels.gae_launch import GaeLaunch, launch_gae
+from kernels.gae_plan import look_back_layout_ok, look_back_window, plan, uses_quads
+from tests.conftest import ROOT
 from tests.rollouts import oracle, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -114,7 +115,7 @@ def test_quads_scan_what_follows_each_quad_but_in_chunked_16_env_tiles_on_eight_
     # The default: the scan carries it in 32-env tiles (32 x 64 on four warps), on one warp (8 x 128),
     # in tiles that hold whole rows (16 x 128 on eight warps) and in chunked 16-env tiles on four
     # warps (grids of 2048+ programs); a gather reads it in chunked 16-env tiles on eight warps.
-    rest_scan_index = triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")
+    rest_scan_index = gae_kernel.CONSTEXPR_NAMES.index("REST_SCAN")
     for num_envs, num_steps, warps, expected in [(2048, 1024, 4, True), (4096, 100, 1, True), (4096, 128, 8, True),
                                                  (16, 4096, 8, False), (16, 1 << 20, 4, True), (128, 65536, 4, True)]:
         rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
@@ -208,8 +209,8 @@ def test_ptx_publishing_on_long_rows(num_envs, num_steps, time_major):
 
 
 def test_how_chunks_publish_by_layout_grid_and_compiler():
-    P = triton_gae
-    column_at = P._CONSTEXPR_NAMES.index("PUBLISH_COLUMN")
+    P = gae_plan
+    column_at = gae_kernel.CONSTEXPR_NAMES.index("PUBLISH_COLUMN")
     # On the CPU (the interpreter): time-major tiles and env-major grids of several waves publish from
     # the first column, with Triton's atomics.
     for num_envs, num_steps, time_major, expected in [(4, 131072, True, P.PUBLISH_ATOMIC),
@@ -242,11 +243,11 @@ def test_the_cuda_launches_compile_for_an_nvidia_gpu(tmp_path):
     # The interpreter runs the kernel's Python without Triton's compiler, and cannot run the inline PTX
     # that env-major chunks publish with on an NVIDIA GPU at all. This compiles the launches compute_gae
     # plans there, for sm_90 down to a cubin (no GPU needed), one per kind of tile (GAE_SHAPES).
-    script = Path(__file__).resolve().parents[1] / "scripts" / "compile_kernels.py"
+    script = ROOT / "scripts" / "dev" / "compile_kernels.py"
     done = subprocess.run([sys.executable, str(script), "--kernels", "gae", "--dump", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("_gae_kernel [")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("gae_kernel [")]
     assert len(lines) == 13 and all("compiled in" in line for line in lines), done.stdout
     ptx = [line for line in lines if "publish ptx" in line]
     assert len(ptx) == 2 and all("env-major" in line for line in ptx), done.stdout  # 1x1M and 16x1M
@@ -277,7 +278,7 @@ def launch_tensors(rollout, outputs=None):
 
 
 def test_tiles_that_divide_the_problem_run_unmasked_with_the_same_result():
-    even_at = triton_gae._CONSTEXPR_NAMES.index("EVEN")
+    even_at = gae_kernel.CONSTEXPR_NAMES.index("EVEN")
     rollout = random_rollout(8, 64, density=0.05, time_major=True, device=DEVICE, seed=3)
     assert GaeLaunch(launch_tensors(rollout), block=(4, 8)).constexprs[even_at]
     assert not GaeLaunch(launch_tensors(rollout), block=(4, 8), even=False).constexprs[even_at]
@@ -302,7 +303,7 @@ def test_wide_time_major_tiles_match_reference(num_warps, rest_scan):
     assert uses_quads(True, block_n, block_t, num_chunks, num_warps)
     options = {"max_block_t": 64, "num_warps": num_warps}
     launch = GaeLaunch(launch_tensors(rollout), **options)
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("REST_SCAN")] is rest_scan
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("REST_SCAN")] is rest_scan
     assert_matches_oracle(rollout, launch_options=options)
 
 
@@ -324,9 +325,9 @@ def test_look_back_window_reads_a_bounded_number_of_words():
     # makes ptxas issue the eight reads together.
     assert look_back_window(16, 4096, grid=4096) == 8 and look_back_window(16, 4096, grid=4095) == 4
     assert look_back_window(16, 4, grid=8192) == 4 and look_back_window(8, 4096, grid=8192) == 2
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, True) == triton_gae.WIDE_WINDOW_MAXNREG
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 4, True) is None
-    assert triton_gae.register_cap(True, 4096, triton_gae.PUBLISH_ATOMIC, 16, 8, False) is None
+    assert gae_plan.register_cap(True, 4096, gae_plan.PUBLISH_ATOMIC, 16, 8, True) == gae_plan.WIDE_WINDOW_MAXNREG
+    assert gae_plan.register_cap(True, 4096, gae_plan.PUBLISH_ATOMIC, 16, 4, True) is None
+    assert gae_plan.register_cap(True, 4096, gae_plan.PUBLISH_ATOMIC, 16, 8, False) is None
 
 
 @pytest.mark.parametrize("num_envs,num_steps,window,maxnreg", [
@@ -339,7 +340,7 @@ def test_the_plan_widens_the_window_of_16_row_tiles_on_many_waves(num_envs, num_
     tensors = (*(tensor(torch.float32) for _ in range(2)), tensor(torch.bool), tensor(torch.bool),
                tensor(torch.float32), None, tensor(torch.float32), tensor(torch.float32))
     launch = GaeLaunch(tensors, nvidia=True, graphs=False)
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("WINDOW")] == window
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("WINDOW")] == window
     assert launch.maxnreg == maxnreg
     assert GaeLaunch(tensors, nvidia=False, graphs=False).maxnreg is None  # the interpreter takes no cap
 
@@ -361,15 +362,15 @@ def test_env_major_tiles_read_bootstrap_values_only_where_they_count(num_envs, n
 
     floats = [tensor(torch.float32) for _ in range(5)]
     tensors = (floats[0], floats[1], tensor(torch.bool), tensor(torch.bool), floats[2], None, floats[3], floats[4])
-    mode_at = triton_gae._CONSTEXPR_NAMES.index("BOOTSTRAP")
-    expected = triton_gae.BOOTSTRAP_TENSOR_SPARSE if sparse else triton_gae.BOOTSTRAP_TENSOR
+    mode_at = gae_kernel.CONSTEXPR_NAMES.index("BOOTSTRAP")
+    expected = gae_kernel.BOOTSTRAP_TENSOR_SPARSE if sparse else gae_kernel.BOOTSTRAP_TENSOR
     assert GaeLaunch(tensors, graphs=False).constexprs[mode_at] == expected
     # Only a tensor of bootstrap values can be read sparsely; without one the mode stays.
     without = (*tensors[:4], None, torch.empty(num_envs, device="meta"), *tensors[6:])
-    assert GaeLaunch(without, graphs=False).constexprs[mode_at] == triton_gae.BOOTSTRAP_LAST_VALUE
+    assert GaeLaunch(without, graphs=False).constexprs[mode_at] == gae_kernel.BOOTSTRAP_LAST_VALUE
     if time_major:  # asked for, time-major tiles read at the counted steps alone (their flags run along envs)
         launch = GaeLaunch(tensors, graphs=False, sparse_bootstrap=True)
-        assert launch.constexprs[mode_at] == triton_gae.BOOTSTRAP_TENSOR_MASKED
+        assert launch.constexprs[mode_at] == gae_kernel.BOOTSTRAP_TENSOR_MASKED
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["every_step", "sparse"])
@@ -456,7 +457,7 @@ def test_narrow_time_major_rows_scan_quads():
     rollout = random_rollout(3, 300, density=0.05, time_major=True, device=DEVICE, seed=5)
     launch = GaeLaunch(launch_tensors(rollout), block=(4, 32))
     assert launch.chunked and launch.num_warps == 1
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("QUADS")]
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("QUADS")]
     assert_matches_oracle(rollout, launch_options={"block": (4, 32)})
 
 
@@ -467,9 +468,9 @@ def test_narrow_rollouts_match_reference_on_the_planned_tiles(num_envs, num_step
     rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=True, device=DEVICE, seed=num_envs)
     launch = GaeLaunch(launch_tensors(rollout))
     assert launch.chunked and launch.num_warps == warps
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("BLOCK_T")] == 256
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("QUADS")]
-    assert launch.constexprs[triton_gae._CONSTEXPR_NAMES.index("WINDOW")] == 2
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("BLOCK_T")] == 256
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("QUADS")]
+    assert launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("WINDOW")] == 2
     assert_matches_oracle(rollout)
 
 
@@ -532,11 +533,9 @@ def test_cuda_graph_capture_replays_correctly():
 def test_repeated_calls_reuse_the_compiled_kernel_correctly():
     # The first call compiles through Triton, later calls with the same specialisation launch the
     # cached kernel directly: new data, other sizes and misaligned views must all come out right.
-    from kernels import triton_gae
-
     for seed, (num_envs, num_steps) in enumerate([(5, 300), (5, 300), (9, 301), (33, 77)]):
         assert_matches_oracle(random_rollout(num_envs, num_steps, device="cuda", seed=seed))
-    assert triton_gae._compiled, "the direct-launch cache was never filled"
+    assert gae_launch._compiled, "the direct-launch cache was never filled"
     storage = random_rollout(5, 301, device="cuda", seed=20)
     shifted = {k: v[:, 1:] for k, v in storage.items()}  # data pointers 4 bytes past alignment
     assert_matches_oracle(shifted)
@@ -697,9 +696,9 @@ def test_which_launches_replay_graphs(monkeypatch):
     # Withheld start advantages outlive a call, so their launches cannot alternate two epochs.
     assert GaeLaunch(chunked, inclusive_every=3).graphs is None
     assert GaeLaunch(unchunked, graphs=False).graphs is None
-    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
+    monkeypatch.setattr(gae_launch, "_CUDA_GRAPHS", False)  # RL_TRITON_CUDA_GRAPHS=0
     assert GaeLaunch(unchunked).graphs is None and GaeLaunch(chunked).graphs is None
-    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", True)
+    monkeypatch.setattr(gae_launch, "_CUDA_GRAPHS", True)
     # Only CUDA launches replay graphs; the interpreter launches every call.
     assert (GaeLaunch(unchunked).graphs is not None) == (DEVICE == "cuda")
     assert (GaeLaunch(chunked).graphs is not None) == (DEVICE == "cuda")
@@ -707,17 +706,17 @@ def test_which_launches_replay_graphs(monkeypatch):
 
 def test_programmatic_dependent_launch_only_where_the_gpu_has_it(monkeypatch):
     tensors = launch_tensors(random_rollout(4, 3000, device=DEVICE))
-    pdl_at = triton_gae._CONSTEXPR_NAMES.index("PDL")
+    pdl_at = gae_kernel.CONSTEXPR_NAMES.index("PDL")
     # Not in the interpreter, nor for a kernel planned for an NVIDIA GPU without one to ask.
-    assert not triton_gae.uses_pdl(torch.device("cpu"), nvidia=False)
-    assert not triton_gae.uses_pdl(torch.device("cpu"), nvidia=True)
+    assert not gae_plan.uses_pdl(torch.device("cpu"), nvidia=False)
+    assert not gae_plan.uses_pdl(torch.device("cpu"), nvidia=True)
     with pytest.raises(ValueError, match="programmatic dependent launch needs a kernel compiled for an NVIDIA GPU"):
         GaeLaunch(tensors, nvidia=False, pdl=True, graphs=False)
     assert GaeLaunch(tensors, nvidia=True, pdl=True, graphs=False).constexprs[pdl_at] is True
     launch = GaeLaunch(tensors, graphs=False)
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
-    assert launch.pdl == launch.constexprs[pdl_at] == (hopper and triton_gae.gdc_wait is not None)
-    monkeypatch.setattr(triton_gae, "_PDL", False)  # RL_TRITON_PDL=0
+    assert launch.pdl == launch.constexprs[pdl_at] == (hopper and gae_kernel.gdc_wait is not None)
+    monkeypatch.setattr(gae_plan, "_PDL", False)  # RL_TRITON_PDL=0
     assert GaeLaunch(tensors, graphs=False).pdl is False
 
 
@@ -730,7 +729,7 @@ def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_
     # off and every signature planned afresh: each call is such a launch (a replay is not).
     from kernels import gae
 
-    monkeypatch.setattr(triton_gae, "_CUDA_GRAPHS", False)
+    monkeypatch.setattr(gae_launch, "_CUDA_GRAPHS", False)
     monkeypatch.setattr(gae, "_runs", {})
     rollout = random_rollout(num_envs, num_steps, density=0.01, time_major=time_major, device="cuda", seed=70)
     outputs = (poisoned_like(rollout["values"]), poisoned_like(rollout["values"]))
@@ -749,29 +748,29 @@ def test_a_launch_right_after_the_kernels_that_write_its_inputs_reads_what_they_
         torch.testing.assert_close(outputs[0].cpu().double(), expected_adv, **TOL)
         torch.testing.assert_close(outputs[1].cpu().double(), expected_ret, **TOL)
     launch = run_of(rollout, outputs)
-    hopper = torch.cuda.get_device_capability() >= (9, 0) and triton_gae.gdc_wait is not None
+    hopper = torch.cuda.get_device_capability() >= (9, 0) and gae_kernel.gdc_wait is not None
     assert launch.graphs is None and launch.pdl == hopper
 
 
 def test_look_back_state_is_reused_across_calls_and_shapes():
     # The state buffer is not zeroed between calls: each call's words carry its epoch. Calls of
     # different shapes on one buffer must all be right.
-    triton_gae._states.clear()
+    gae_launch._states.clear()
     for seed, (num_envs, num_steps, max_block_t) in enumerate([(7, 127, 16), (3, 33, 8), (7, 127, 16), (2, 300, 32)]):
         rollout = random_rollout(num_envs, num_steps, density=0.05, device=DEVICE, seed=40 + seed)
         assert_matches_oracle(rollout, launch_options={"max_block_t": max_block_t})
-    (state,) = triton_gae._states.values()
+    (state,) = gae_launch._states.values()
     assert state.epoch >= 4, "every chunked call should have used the one buffer"
 
 
 def test_look_back_state_starts_afresh_before_its_epoch_overflows(monkeypatch):
-    triton_gae._states.clear()
-    monkeypatch.setattr(triton_gae, "_EPOCH_LIMIT", 2)
+    gae_launch._states.clear()
+    monkeypatch.setattr(gae_launch, "_EPOCH_LIMIT", 2)
     buffers = []  # the buffer objects themselves: ids of freed ones could be reused
     for seed in range(4):  # a new buffer every second call
         rollout = random_rollout(7, 127, density=0.05, device=DEVICE, seed=50 + seed)
         assert_matches_oracle(rollout, launch_options={"max_block_t": 16})
-        for state in triton_gae._states.values():
+        for state in gae_launch._states.values():
             if not any(state.tensor is seen for seen in buffers):
                 buffers.append(state.tensor)
     assert len(buffers) >= 2
@@ -780,19 +779,19 @@ def test_look_back_state_starts_afresh_before_its_epoch_overflows(monkeypatch):
 def test_look_back_words_hold_the_largest_epoch():
     # A word keeps its epoch above its float and two status bits (from bit 34): the last epoch a buffer
     # reaches before it starts afresh must still fit, and still tell this call's words from older ones.
-    triton_gae._states.clear()
+    gae_launch._states.clear()
     assert_matches_oracle(random_rollout(7, 127, density=0.05, device=DEVICE, seed=60),
                           launch_options={"max_block_t": 16})
-    (state,) = triton_gae._states.values()
-    state.epoch = triton_gae._EPOCH_LIMIT - 1
+    (state,) = gae_launch._states.values()
+    state.epoch = gae_launch._EPOCH_LIMIT - 1
     assert_matches_oracle(random_rollout(7, 127, density=0.05, device=DEVICE, seed=61),
                           launch_options={"max_block_t": 16})
-    assert state.epoch == triton_gae._EPOCH_LIMIT
+    assert state.epoch == gae_launch._EPOCH_LIMIT
     words = state.tensor.cpu()
     assert (words >= 0).all(), "an epoch reached the sign bit"
-    written = words[(words >> 34) == triton_gae._EPOCH_LIMIT]
+    written = words[(words >> 34) == gae_launch._EPOCH_LIMIT]
     # 7 rows x 8 chunks: every word a chunk publishes, its start advantage last
-    assert len(written) == 7 * 8 and ((written >> 32) & 3 == triton_gae.STATUS_START).all()
+    assert len(written) == 7 * 8 and ((written >> 32) & 3 == gae_kernel.STATUS_START).all()
 
 
 @pytest.mark.parametrize("time_major", [False, True])
@@ -800,27 +799,27 @@ def test_flag_loads_are_hinted_only_where_flags_are_contiguous(time_major):
     axis = 0 if time_major else 1
     contiguous = random_rollout(8, 64, time_major=time_major, device=DEVICE)
     flags = contiguous["terminateds"]
-    assert triton_gae.flag_hint_axis(flags, flags, time_major, (128, 8) if time_major else (1, 1024)) == axis
+    assert gae_plan.flag_hint_axis(flags, flags, time_major, (128, 8) if time_major else (1, 1024)) == axis
     # a tile narrower than 4 along the contiguous axis, or flags in the other layout: no hint
-    assert triton_gae.flag_hint_axis(flags, flags, time_major, (2, 2)) == -1
+    assert gae_plan.flag_hint_axis(flags, flags, time_major, (2, 2)) == -1
     other_layout = flags.T.contiguous().T if not time_major else flags.contiguous()
-    assert triton_gae.flag_hint_axis(other_layout, flags, time_major, (128, 8)) == -1
-    assert triton_gae.flag_hint_axis(flags, other_layout, time_major, (128, 8)) == -1
+    assert gae_plan.flag_hint_axis(other_layout, flags, time_major, (128, 8)) == -1
+    assert gae_plan.flag_hint_axis(flags, other_layout, time_major, (128, 8)) == -1
     # quarters of an env-major tile hold every fourth step: not contiguous; time-major quarters keep the hint
     tile = (128, 8) if time_major else (1, 1024)
-    assert triton_gae.flag_hint_axis(flags, flags, time_major, tile, quads=True) == (0 if time_major else -1)
+    assert gae_plan.flag_hint_axis(flags, flags, time_major, tile, quads=True) == (0 if time_major else -1)
 
 
 def test_alignment_is_the_largest_power_of_two_dividing_the_strided_axis_and_the_contiguous_extent():
     def of(num_envs, num_steps, time_major, outputs=None):
         rollout = random_rollout(num_envs, num_steps, time_major=time_major, device=DEVICE)
-        return triton_gae.alignment(launch_tensors(rollout, outputs), time_major)
+        return gae_plan.alignment(launch_tensors(rollout, outputs), time_major)
 
     assert of(12, 50, True) == (1, 4)  # steps 12 envs apart: 16-byte vectors
     assert of(6, 50, True) == (1, 2)
     assert of(7, 50, True) == (-1, 1)
     assert of(64, 50, True) == (-1, 1)  # divisible by 16: Triton knows without the hint
-    assert of(40, 50, True) == (1, triton_gae.MAX_ALIGN)
+    assert of(40, 50, True) == (1, gae_plan.MAX_ALIGN)
     assert of(3, 1000, False) == (0, 4)  # rows 1000 steps apart
     assert of(3, 1001, False) == (-1, 1)
     # every tensor counts: outputs whose steps are 18 apart leave 2
@@ -829,7 +828,7 @@ def test_alignment_is_the_largest_power_of_two_dividing_the_strided_axis_and_the
     # neither layout contiguous: nothing to vectorise
     rollout = random_rollout(4, 8, device=DEVICE)
     strided = {k: torch.empty(4, 16, dtype=v.dtype, device=DEVICE)[:, ::2] for k, v in rollout.items()}
-    assert triton_gae.alignment(launch_tensors(strided), False) == (-1, 1)
+    assert gae_plan.alignment(launch_tensors(strided), False) == (-1, 1)
 
 
 @pytest.mark.parametrize("density", [0.05, 1.0])
@@ -841,7 +840,7 @@ def test_alignment_is_the_largest_power_of_two_dividing_the_strided_axis_and_the
 ])
 def test_aligned_but_not_16_divisible_strides_match_reference(num_envs, num_steps, time_major, block, density):
     rollout = random_rollout(num_envs, num_steps, density=density, time_major=time_major, device=DEVICE, seed=12)
-    assert triton_gae.alignment(launch_tensors(rollout), time_major)[1] > 1
+    assert gae_plan.alignment(launch_tensors(rollout), time_major)[1] > 1
     assert_matches_oracle(rollout, launch_options={"block": block})
     # outputs in a wider buffer: a smaller alignment, and the outputs' own strides honoured
     width = num_envs + 2 if time_major else num_steps + 2
@@ -852,5 +851,5 @@ def test_aligned_but_not_16_divisible_strides_match_reference(num_envs, num_step
         return x[:, :num_envs].T if time_major else x[:, :num_steps]
 
     outputs = (wide(), wide())
-    assert triton_gae.alignment(launch_tensors(rollout, outputs), time_major)[1] == 2
+    assert gae_plan.alignment(launch_tensors(rollout, outputs), time_major)[1] == 2
     assert_matches_oracle(rollout, launch_options={"block": block}, outputs=outputs)

@@ -3,9 +3,8 @@ pyproject.toml but not copied into the image would only show as an ImportError o
 
 import ast
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -13,13 +12,14 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return [tuple(line.split(maxsplit=1)) for line in lines if line.strip() and not line.startswith("#")]
 
 
-def test_the_image_copies_every_package_the_configs_train_py_and_the_scripts():
+def test_the_image_copies_every_package_the_configs_the_entry_point_and_the_scripts():
     declared = re.search(r"^packages = (\[.*\])$", (ROOT / "pyproject.toml").read_text(), re.M)
     assert declared, "pyproject.toml lists its packages under [tool.setuptools]"
     copied = {source for op, args in dockerfile_instructions() if op == "COPY" for source in args.split()[:-1]}
     # pip reads README.md too: it is pyproject's `readme`.
-    needed = set(ast.literal_eval(declared.group(1))) | {"configs", "scripts", "train.py", "pyproject.toml",
-                                                         "README.md"}
+    # train.py imports hydra_edge.py beside it.
+    needed = set(ast.literal_eval(declared.group(1))) | {"configs", "scripts", "train.py", "hydra_edge.py",
+                                                         "pyproject.toml", "README.md"}
     assert needed <= copied, f"not copied into the image: {sorted(needed - copied)}"
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from tests.conftest import ROOT
+
 summarize_results = pytest.importorskip("summarize_results")
 
 
@@ -231,7 +231,8 @@ def test_a_failed_reproduction_job_stops_the_rest_with_one_line(tmp_path, monkey
 def test_random_action_statistics_of_the_toy_env(capsys):
     # The toy env's 8 steps from reset (tests/test_collect.py): two valid episodes per env (lengths 2
     # and 3, one terminated, one truncated) and two autoreset dummies, which are left out.
-    from scripts.simulator_trajectory import random_action_statistics
+    from simulator_trajectory import random_action_statistics
+
     from tests.toy_env import TOY_ID, register_toy_envs
 
     register_toy_envs()

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT, compose_config
+
 TINY = ["env=InvertedPendulum-v4", "total_timesteps=1024", "env.num_envs=4", "ppo.num_steps=64",
         "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu"]
 
@@ -41,9 +41,7 @@ def refused_sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProces
 
 def test_slurm_launcher_config_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
-                      return_hydra_config=True)
+    cfg = compose_config("hydra/launcher=slurm", "hydra.launcher.partition=gpu", return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.partition, launcher.gpus_per_node, launcher.cpus_per_task) == ("gpu", 1, 16)
@@ -220,7 +218,6 @@ def test_a_sweep_sent_to_slurm_checks_only_the_values_before_it_submits(tmp_path
 def test_the_sweep_summary_ranks_runs_within_each_env():
     # Returns of different tasks do not compare: a sweep over envs ranks each env's runs among
     # themselves, and a run with no finished episode (NaN) comes last in its env.
-    sys.path.insert(0, str(ROOT / "scripts"))
     from summarize_sweep import rank
 
     rows = [{"run": run, "env": env, "final_return": score} for run, env, score in [

@@ -14,7 +14,6 @@ from pathlib import Path
 import hydra
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ppo.checkpoint import (
@@ -25,11 +24,10 @@ from ppo.checkpoint import (
     resolve_checkpoint,
     set_numpy_rng_state,
 )
-from ppo.config import settings_from_dict
+from ppo.config import setting_keys, settings_from_dict
 from ppo.logger import RunLogger, final_step
+from tests.conftest import ROOT, compose_config
 from tests.toy_env import TOY_ID, TOY_NAN_ID, register_toy_envs
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_train(*overrides: str, timeout: int = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -332,9 +330,8 @@ def test_the_default_backend_is_envpool_where_installed_and_gymnasium_elsewhere(
         # asked for by name, it stays: check_env_id then says envpool is missing (the test above)
         assert EnvSettings(backend="envpool").backend == "envpool"
     # Every env file leaves the choice to this rule.
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        for env_file in sorted((ROOT / "configs" / "env").glob("*.yaml")):
-            assert compose(config_name="train", overrides=[f"env={env_file.stem}"]).env.backend == "auto", env_file
+    for env_file in sorted((ROOT / "configs" / "env").glob("*.yaml")):
+        assert compose_config(f"env={env_file.stem}").env.backend == "auto", env_file
 
 
 def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
@@ -453,8 +450,10 @@ def test_help_shows_examples_every_env_file_and_where_the_keys_are_explained(tmp
     assert result.returncode == 0 and result.stdout.startswith("ppo-triton: PPO for continuous control")
     env_line = next(line for line in result.stdout.splitlines() if line.startswith("env: "))
     assert env_line[len("env: "):].split(", ") == sorted(p.stem for p in (ROOT / "configs" / "env").glob("*.yaml"))
-    assert 'What each key means: README.md, "Config keys".' in result.stdout
-    assert "\n### Config keys" in (ROOT / "README.md").read_text()  # the pointer names a real section
+    assert "What each key means: docs/configuration.md." in result.stdout
+    page = (ROOT / "docs" / "configuration.md").read_text()  # the page it points to has every setting
+    settings = [key for key in setting_keys() if not any(other.startswith(f"{key}.") for other in setting_keys())]
+    assert [key for key in settings if f"| `{key}` |" not in page] == []
     assert not list(tmp_path.iterdir())  # help starts no run
 
 

@@ -4,7 +4,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ from ppo.agent import Agent
 from ppo.compiled_step import vector_width_option
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, ppo_loss
+from tests.conftest import ROOT, filled_buffer
 
 
 def random_minibatch(n: int, seed: int, obs_dim: int = 5, act_dim: int = 2) -> Minibatch:
@@ -166,18 +166,6 @@ def test_compiled_loss_matches_eager(side_by_side):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def filled_buffer(device: torch.device, seed: int, num_steps: int = 8, num_envs: int = 16):
-    from buffers import RolloutBuffer
-
-    g = torch.Generator().manual_seed(seed)
-    buffer = RolloutBuffer(num_steps, num_envs, 5, 2, device)
-    for name in ("observations", "actions", "values", "advantages", "returns"):
-        getattr(buffer, name).copy_(torch.randn(getattr(buffer, name).shape, generator=g))
-    buffer.log_probs.copy_(torch.randn(buffer.log_probs.shape, generator=g) - 2)
-    buffer.valid.copy_(torch.rand(buffer.valid.shape, generator=g) > 0.1)
-    return buffer
-
-
 def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tuple[list, list]:
     """Three updates on changing buffer contents and learning rates; parameters and stats after each."""
     from ppo.normalize import ValueNormalizer
@@ -189,10 +177,10 @@ def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tu
     optimizer = make_optimizer(agent, settings, device, graphs)
     updater = Updater(agent, optimizer, settings, graphs)
     generator = torch.Generator(device).manual_seed(3)
-    buffer = filled_buffer(device, 0)
+    buffer = filled_buffer(0, device=device)
     parameters, stats = [], []
     for iteration in range(3):
-        fresh = filled_buffer(device, iteration)
+        fresh = filled_buffer(iteration, device=device)
         for name in ("observations", "actions", "log_probs", "values", "advantages", "returns", "valid"):
             getattr(buffer, name).copy_(getattr(fresh, name))
         if settings.adaptive_lr_kl is None:
@@ -315,7 +303,7 @@ def test_the_compiled_step_takes_its_minibatches_in_pairs_where_it_can():
     odd = dataclasses.replace(settings, num_minibatches=1)
     with pytest.raises(ValueError, match="1 minibatches per epoch do not split into calls of 2"):
         ppo_update(agent, make_optimizer(agent, odd, torch.device("cpu"), graphs=False),
-                   filled_buffer(torch.device("cpu"), 0), odd, torch.Generator().manual_seed(0), step)
+                   filled_buffer(0), odd, torch.Generator().manual_seed(0), step)
 
 
 def test_each_compiled_step_keeps_its_own_settings():
@@ -426,7 +414,7 @@ def test_adaptive_rate_moves_in_the_eager_update():
     torch.manual_seed(0)
     agent = Agent(5, 2)
     optimizer = make_optimizer(agent, settings, torch.device("cpu"), graphs=False)
-    ppo_update(agent, optimizer, filled_buffer(torch.device("cpu"), 0), settings, torch.Generator().manual_seed(0))
+    ppo_update(agent, optimizer, filled_buffer(0), settings, torch.Generator().manual_seed(0))
     assert current_learning_rate(optimizer).item() == pytest.approx(1e-2 / 1.5**3)
 
 
@@ -502,11 +490,10 @@ def test_compiled_cpu_code_cached_for_another_vector_width_is_not_reused(tmp_pat
         pytest.skip("needs a CPU with AVX-512, to compile for it and then for AVX2")
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)  # one cache, fresh, shared by both processes
-    root = Path(__file__).resolve().parents[1]
     for capability in (None, "avx2"):
         if capability:
             env["ATEN_CPU_CAPABILITY"] = capability
-        result = subprocess.run([sys.executable, "-c", _STEP_AGAINST_EAGER], cwd=root, env=env, capture_output=True,
+        result = subprocess.run([sys.executable, "-c", _STEP_AGAINST_EAGER], cwd=ROOT, env=env, capture_output=True,
                                 text=True, timeout=600)
         assert result.returncode == 0 and result.stdout.strip() == "same as eager", (
             f"ATEN_CPU_CAPABILITY={capability}: exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}")

@@ -3,19 +3,16 @@
 A race in the look-back shows up in some calls and not others, so one check per configuration (what
 `benchmark_gae.py --sweep` does) can miss it. Configurations use the sweep's labels:
 
-    python scripts/check_gae_tiles.py --shapes 16x65536 16384x1024 --layouts time --configs default 32x64/2:quads+p
+    python scripts/dev/check_gae_tiles.py --shapes 16x65536 16384x1024 --layouts time --configs default 32x64/2:quads+p
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+import gae_cases as bench
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchmark_gae as bench  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Where does the host time of one compute_gae call go? (CUDA only; diagnostics, not a benchmark table.)
 
-    python scripts/profile_gae_overhead.py
+    python scripts/dev/profile_gae_overhead.py
 
 Prints the host time per call (many calls back to back, then one sync) of an empty Triton kernel
 with 1 and with 36 arguments, `launch_gae` (plans every call), `compute_gae` (repeated production
@@ -14,16 +14,14 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
-from pathlib import Path
 
 import torch
 import triton
+from gae_cases import make_inputs
+from timing import host_us
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import compute_gae  # noqa: E402
-from kernels.triton_gae import launch_gae  # noqa: E402
-from tests.rollouts import random_rollout  # noqa: E402
+from kernels import compute_gae, gae, gae_launch
+from kernels.gae_launch import launch_gae
 
 
 @triton.jit
@@ -38,16 +36,10 @@ def _empty_36(a, b, c, d, e, f, g, h, i, j, k,
     pass
 
 
-def host_us(fn, calls: int = 2000) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+def random_rollout(num_envs: int, num_steps: int) -> dict[str, torch.Tensor]:
+    """`compute_gae`'s inputs (no outputs), env-major on CUDA."""
+    x = make_inputs(num_envs, num_steps, time_major=False)
+    return {k: x[k] for k in ("rewards", "values", "terminateds", "truncateds", "bootstrap_values")}
 
 
 def main() -> None:
@@ -60,7 +52,7 @@ def main() -> None:
             ("empty kernel, 36 args", lambda: _empty_36[(1,)](*([dev] * 11), *ints))]
     shapes = {"1x2048": (1, 2048), "16x65536 (chunked)": (16, 65536), "1x1048576 (chunked)": (1, 1 << 20)}
     for spec, (n, t) in shapes.items():
-        x = random_rollout(n, t, device="cuda")
+        x = random_rollout(n, t)
         adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
         args = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                 0.99, 0.95, adv, ret)
@@ -78,25 +70,23 @@ def main() -> None:
     for name, fn in rows:
         print(f"{name:45s} {host_us(fn):8.2f} us/call (host)", flush=True)
 
-    from kernels import gae, triton_gae
-
     # The rows above replay CUDA graphs where compute_gae does (repeated calls);
     # the same production call again with every launch eager, and the yardstick again beside it.
-    x = random_rollout(1, 2048, device="cuda")
+    x = random_rollout(1, 2048)
     adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
-    graphs, triton_gae._CUDA_GRAPHS = triton_gae._CUDA_GRAPHS, False
+    graphs, gae_launch._CUDA_GRAPHS = gae_launch._CUDA_GRAPHS, False
     gae._runs.clear()
     print(f"{'compute_gae 1x2048, graphs off (launched)':45s} "
           f"{host_us(lambda: compute_gae(**x, advantages=adv, returns=ret)):8.2f} us/call (host)")
-    triton_gae._CUDA_GRAPHS = graphs
+    gae_launch._CUDA_GRAPHS = graphs
     gae._runs.clear()
     print(f"{'compute_gae 1x2048, graphs on (replayed)':45s} "
           f"{host_us(lambda: compute_gae(**x, advantages=adv, returns=ret)):8.2f} us/call (host)")
     print(f"{'empty kernel, 1 arg':45s} {host_us(lambda: _empty_1[(1,)](dev)):8.2f} us/call (host)", flush=True)
 
-    print(f"# compiled kernels cached for the direct launch: {len(triton_gae._compiled)}; "
-          f"launch_enter_hook: {triton_gae._knobs.runtime.launch_enter_hook if triton_gae._knobs else 'no knobs'}")
-    x = random_rollout(1, 2048, device="cuda")
+    print(f"# compiled kernels cached for the direct launch: {len(gae_launch._compiled)}; "
+          f"launch_enter_hook: {gae_launch._knobs.runtime.launch_enter_hook if gae_launch._knobs else 'no knobs'}")
+    x = random_rollout(1, 2048)
     adv, ret = torch.empty_like(x["values"]), torch.empty_like(x["values"])
     get_stream = triton.runtime.driver.active.get_current_stream
     print(f"{'get_current_stream':45s} {host_us(lambda: get_stream(0)):8.2f} us")

@@ -1,11 +1,11 @@
 """Compile the fused PPO step's and the GAE kernel's Triton launches for a CUDA GPU on a machine
 without one, and print their registers and stack (spills) per thread.
 
-    python scripts/compile_kernels.py                    # sm_90 (H100/H200), every ppo.fused_precision value
-    python scripts/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32 --kernels ppo
-    python scripts/compile_kernels.py --kernels gae      # compute_gae's launches for GAE_SHAPES
-    python scripts/compile_kernels.py --kernels gae --gae 16x1048576:time:default@4 --dump /tmp/gae
-        # a benchmark_gae.py sweep configuration instead; its TTGIR, PTX and SASS written to /tmp/gae
+    python scripts/dev/compile_kernels.py                    # sm_90 (H100/H200), every ppo.fused_precision value
+    python scripts/dev/compile_kernels.py --arch 80 --num-warps 8 --precisions tf32 --kernels ppo
+    python scripts/dev/compile_kernels.py --kernels gae      # compute_gae's launches for GAE_SHAPES
+    python scripts/dev/compile_kernels.py --kernels gae --gae 16x1048576:time:default@4 --dump /tmp/gae
+        # a `benchmark_gae.py --sweep` configuration instead; its TTGIR, PTX and SASS written to /tmp/gae
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
@@ -24,7 +24,6 @@ import dataclasses
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,10 +33,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchmark_gae's sweep configurations
 from buffers import SampleTable  # noqa: E402
-from kernels import triton_gae  # noqa: E402
+from kernels import gae_kernel, gae_plan  # noqa: E402
+from kernels.gae_launch import GaeLaunch  # noqa: E402
 from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
@@ -48,7 +46,7 @@ CONFIGS = {  # name: (obs_dim, act_dim, hidden sizes, minibatch, settings); both
     "odd-no-value-clip": (11, 3, (32, 48), 37, PPOSettings(clip_vloss=False, norm_adv="off")),
 }
 DTYPES = {torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
-# (num_envs, num_steps, time_major): one shape for each kind of launch `triton_gae.plan` makes. Env-major:
+# (num_envs, num_steps, time_major): one shape for each kind of launch `gae_plan.plan` makes. Env-major:
 # a whole row on 16 warps, several rows a tile, whole 1024-step rows, chunked rows on one wave and on many
 # (the register cap). Time-major: one env a tile (small problems), 16-env tiles of whole rows, 32 x 64
 # chunked tiles on four warps, 16-env chunked tiles on eight warps and on four, 4-env chunked tiles on two
@@ -94,11 +92,11 @@ def fused_step_launches(obs_dim: int, act_dim: int, hidden: tuple[int, int], bat
 
 
 def gae_launch(num_envs: int, num_steps: int, time_major: bool,
-               options: dict | None = None, arch: int = 90) -> tuple[triton_gae.GaeLaunch, list, dict, dict]:
+               options: dict | None = None, arch: int = 90) -> tuple[GaeLaunch, list, dict, dict]:
     """`(launch, args, constants, attributes)`: the launch `compute_gae` makes on an NVIDIA GPU of `arch` for
     bool flags and float32 everything else (bootstrap values, no last value), planned from meta
     tensors, with the arguments Triton would specialise as a launch does: integers equal to 1 as
-    constants, pointers and integers divisible by 16 as such. `options`: `GaeLaunch`'s tuning knobs."""
+    constants, pointers and integers divisible by 16 as such. `options`: `gae_plan.plan_launch`'s overrides."""
     shape = (num_steps, num_envs) if time_major else (num_envs, num_steps)
 
     def tensor(dtype: torch.dtype) -> torch.Tensor:
@@ -107,12 +105,12 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool,
 
     rewards, values, bootstrap, advantages, returns = (tensor(torch.float32) for _ in range(5))
     tensors = (rewards, values, tensor(torch.bool), tensor(torch.bool), bootstrap, None, advantages, returns)
-    options = {"pdl": arch >= 90, **(options or {})}  # as `uses_pdl` decides for a GPU of that arch
-    launch = triton_gae.GaeLaunch(tensors, nvidia=True, graphs=False, **options)
+    options = {"pdl": arch >= 90, **(options or {})}  # as `gae_plan.uses_pdl` decides for a GPU of that arch
+    launch = GaeLaunch(tensors, nvidia=True, graphs=False, **options)
     state = torch.empty(launch.state_words, dtype=torch.int64, device="meta")
     args = [*(tensors[i] for i in launch.slots), state, *launch.ints, 0.99, 0.99 * 0.95, 1]  # last: the epoch
-    names = triton_gae._gae_kernel.arg_names[:len(args)]  # then the constexprs
-    constants = dict(zip(triton_gae._CONSTEXPR_NAMES, launch.constexprs, strict=True))
+    names = gae_kernel.gae_kernel.arg_names[:len(args)]  # then the constexprs
+    constants = dict(zip(gae_kernel.CONSTEXPR_NAMES, launch.constexprs, strict=True))
     attributes = {}
     for position, (name, value) in enumerate(zip(names, args, strict=True)):
         if isinstance(value, torch.Tensor) or (isinstance(value, int) and value % 16 == 0 and name != "epoch"):
@@ -126,10 +124,10 @@ def gae_launch(num_envs: int, num_steps: int, time_major: bool,
 def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None = None) -> None:
     """Compile and report the launches of GAE_SHAPES, or `launches` ('NxT:env|time[:CONFIG]', CONFIG a
     `benchmark_gae.py --sweep` configuration), writing each one's TTGIR, PTX and SASS under `dump`."""
-    from benchmark_gae import parse_tile  # the sweep's configurations (torch and triton only)
+    from gae_cases import parse_tile  # the sweep's configurations
 
     target = GPUTarget("cuda", arch, 32)
-    modes = {triton_gae.PUBLISH_SUMMED: "summed", triton_gae.PUBLISH_ATOMIC: "atomic", triton_gae.PUBLISH_PTX: "ptx"}
+    modes = {gae_plan.PUBLISH_SUMMED: "summed", gae_plan.PUBLISH_ATOMIC: "atomic", gae_plan.PUBLISH_PTX: "ptx"}
     if launches is None:
         launches = [f"{n}x{t}:{'time' if time_major else 'env'}" for n, t, time_major in GAE_SHAPES]
     for spec in launches:
@@ -143,20 +141,20 @@ def compile_gae(arch: int, launches: list[str] | None = None, dump: Path | None 
         except ValueError as error:
             raise SystemExit(f"--gae {spec!r}: not a sweep configuration ({error})") from None
         launch, args, constants, attributes = gae_launch(num_envs, num_steps, time_major, options, arch)
-        types, positions = signature(triton_gae._gae_kernel, args, constants)
+        types, positions = signature(gae_kernel.gae_kernel, args, constants)
         options = {"num_warps": launch.num_warps}
         if launch.maxnreg is not None:
             options["maxnreg"] = launch.maxnreg
         if launch.pdl:
             options["launch_pdl"] = True
         start = time.perf_counter()
-        compiled = triton.compile(ASTSource(triton_gae._gae_kernel, types, positions, attributes), target=target,
+        compiled = triton.compile(ASTSource(gae_kernel.gae_kernel, types, positions, attributes), target=target,
                                   options=options)
         tile = f"{constants['BLOCK_N']}x{constants['BLOCK_T']}"
         publish = f", publish {modes[constants['PUBLISH_COLUMN']]}" if constants["CHUNKED"] else ""
         cap = f", maxnreg {launch.maxnreg}" if launch.maxnreg is not None else ""
         label = f" {config[0]}" if config else ""
-        print(f"_gae_kernel [{num_envs}x{num_steps} {layout}-major{label}: {tile} tile, "
+        print(f"gae_kernel [{num_envs}x{num_steps} {layout}-major{label}: {tile} tile, "
               f"{launch.grid} programs{publish}] sm_{arch}, {launch.num_warps} warps{cap}: compiled in "
               f"{time.perf_counter() - start:.1f} s; per thread {resource_usage(compiled.asm['cubin'])} bytes",
               flush=True)

@@ -1,9 +1,9 @@
 """Launch the GAE kernel a few times on one shape, for Nsight Compute to profile one launch.
 
-The first launch compiles; profile a later one. On the GPU host (session 19's commands):
+The first launch compiles; profile a later one:
 
-    ncu --clock-control none -k regex:_gae_kernel --launch-skip 2 --launch-count 1 --set full \\
-        --import-source yes -o report python3 scripts/profile_gae_ncu.py 16384x1024 time
+    ncu --clock-control none -k regex:gae_kernel --launch-skip 2 --launch-count 1 --set full \\
+        --import-source yes -o report python3 scripts/dev/profile_gae_ncu.py 16384x1024 time
     ncu -i report.ncu-rep --page source --csv --print-source sass > sass.csv   # stalls per instruction
 
 `TILE` takes `benchmark_gae.py --sweep`'s labels (default: the plan's tile).
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+import gae_cases as bench
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchmark_gae as bench  # noqa: E402
 
 
 def main() -> None:

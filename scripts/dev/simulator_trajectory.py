@@ -1,9 +1,9 @@
 """Record an envpool trajectory under fixed random actions, or compare one against a recording;
 or summarise a backend's statistics under random actions.
 
-    python scripts/simulator_trajectory.py write ant_here.npz            # on one machine
-    python scripts/simulator_trajectory.py compare ant_here.npz          # on another: where do they part?
-    python scripts/simulator_trajectory.py stats - --backend gymnasium --steps 3000
+    python scripts/dev/simulator_trajectory.py write ant_here.npz            # on one machine
+    python scripts/dev/simulator_trajectory.py compare ant_here.npz          # on another: where do they part?
+    python scripts/dev/simulator_trajectory.py stats - --backend gymnasium --steps 3000
 
 `stats` (any backend, through `ppo.envs`) prints the reward per step, terminations, truncations,
 mean episode length and the observations' per-dimension mean and std over valid steps (the
@@ -17,8 +17,6 @@ prints, per array, the largest difference and the first step where it exceeds `-
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -40,7 +38,6 @@ def trajectory(task: str, num_envs: int, steps: int, seed: int, action_seed: int
 def random_action_statistics(task: str, backend: str, num_envs: int, steps: int, seed: int, action_seed: int) -> None:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from ppo.config import EnvSettings
     from ppo.envs import make_envs, simulator_version
 

@@ -1,28 +1,26 @@
-"""Where does the device time of one PPO update go? (CUDA only; diagnostics, not a benchmark table.)
+"""Where does the GPU time of one PPO update go? (CUDA only; diagnostics, not a benchmark table.)
 
-    python scripts/profile_update.py                 # Ant-v4 sizes, CleanRL's schedule
-    python scripts/profile_update.py --compile       # with ppo.compile
-    python scripts/profile_update.py --fused         # with ppo.fused_update (one kernel per step)
+    python scripts/dev/profile_update.py                 # Ant-v4 sizes, CleanRL's schedule
+    python scripts/dev/profile_update.py --compile       # with ppo.compile
+    python scripts/dev/profile_update.py --fused         # with ppo.fused_update (one kernel per step)
 
 Builds an agent and a rollout buffer of random data at Ant-v4's sizes (27 observations, 8 actions,
 64 envs x 32 steps), runs one update eagerly (the CUDA-graph warm-up), then profiles the next,
-replayed one, and prints the kernels by total device time with their counts per minibatch step.
+replayed one, and prints the kernels by total GPU time with their counts per minibatch step.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from buffers import RolloutBuffer  # noqa: E402
-from ppo import fused_update  # noqa: E402
-from ppo.agent import Agent  # noqa: E402
-from ppo.config import PPOSettings  # noqa: E402
-from ppo.update import Updater, make_optimizer  # noqa: E402
+from buffers import RolloutBuffer
+from ppo import fused_update
+from ppo.agent import Agent
+from ppo.config import PPOSettings
+from ppo.update import Updater, make_optimizer
 
 
 def main() -> None:
@@ -75,10 +73,10 @@ def main() -> None:
     kernels.sort(key=device_us, reverse=True)
     total_us = sum(device_us(e) for e in kernels)
     launches = sum(e.count for e in kernels)
-    # Per step: the update's whole device time over its minibatch steps (the permutations and the
-    # table fill, a few kernels per update, included). An average per kernel is a different number
-    # once a step is one or two kernels: session 11's tables quoted that one as "per step".
-    print(f"# device time {total_us / 1e3:.1f} ms in {launches} kernels ({launches / steps:.0f} per step): "
+    # Per step: the update's whole GPU time over its minibatch steps (the permutations and the
+    # table fill, a few kernels per update, included); not an average per kernel, which differs
+    # once a step is one or two kernels.
+    print(f"# GPU time {total_us / 1e3:.1f} ms in {launches} kernels ({launches / steps:.0f} per step): "
           f"{total_us / steps:.1f} us per minibatch step")
     print(f"{'kernel':70s} {'per step':>8s} {'us each':>8s} {'share':>6s}")
     for e in kernels[:args.rows]:

@@ -1,10 +1,10 @@
 """How fast does envpool step when other work runs between steps? (CPU; one process run.)
 
-    python scripts/benchmark_env_stepping.py                    # Ant-v4, 64 envs
-    python scripts/benchmark_env_stepping.py --env-id Hopper-v4 --num-envs 16
-    python scripts/benchmark_env_stepping.py --pin              # worker threads pinned, one per CPU
+    python scripts/dev/benchmark_env_stepping.py                    # Ant-v4, 64 envs
+    python scripts/dev/benchmark_env_stepping.py --env-id Hopper-v4 --num-envs 16
+    python scripts/dev/benchmark_env_stepping.py --pin              # worker threads pinned, one per CPU
 
-`benchmark_e2e.py` compares training with envpool stepping back to back on random actions.
+`scripts/benchmark_e2e.py` compares training with envpool stepping back to back on random actions.
 Training puts the policy and bookkeeping between steps, and the simulator then measures slower
 in training than alone. This script steps the same envs with the same random actions and, between
 steps, (a) nothing, (b) a policy-sized MLP forward, (c) that plus 80 small torch ops (about what
@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ppo.agent import Agent  # noqa: E402
-from ppo.config import EnvSettings  # noqa: E402
-from ppo.envs import envpool_threads, import_envpool  # noqa: E402
+from ppo.agent import Agent
+from ppo.config import EnvSettings
+from ppo.envs import envpool_threads, import_envpool
 
 
 def main() -> None:

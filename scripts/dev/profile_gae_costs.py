@@ -1,20 +1,20 @@
-"""Where does the device time of a GAE call go? (CUDA only; diagnostics for docs/benchmarks.md.)
+"""Where does the GPU time of a GAE call go? (CUDA only; a diagnostic, not a benchmark table.)
 
-    python scripts/profile_gae_costs.py --shapes 16384x1024 16x1048576
+    python scripts/dev/profile_gae_costs.py --shapes 16384x1024 16x1048576
 
-For each shape and layout, in one run, the device time (eager calls queued behind a GPU sleep) of:
+For each shape and layout, in one run, the GPU time (eager calls queued behind a GPU sleep) of:
   copy        a device-to-device copy of the same bytes (the floor)
   access      a Triton kernel with the tile, grid and memory traffic the plan picks (the five loads,
               the look-ahead load of values[t+1], the two stores) and no scan: what the access
               pattern alone costs
   +scan       the same kernel with a whole-tile reverse associative scan: what that scan adds (the
-              kernel scans most time-major tiles as four quarters instead, see `uses_quads`, so
+              kernel scans most time-major tiles as four quarters instead, see `gae_plan.uses_quads`, so
               there `ours` can come out below `+scan`)
   ours        `launch_gae` as training calls it: what the chunk join (the look-back) adds
   ours lam=0  `launch_gae` with lam = 0: every look-back stops at the next chunk, so the
               difference to `ours` is the cost of walking further back
 On sm_90+ `launch_gae` is a programmatic dependent launch, which overlaps the previous kernel's tail
-(about 1 us on the H200; kernels/README.md, section 5); the copy and the two diagnostic kernels
+(about 1 us on an H200; kernels/README.md, "Launching"); the copy and the two diagnostic kernels
 launch plainly, so `ours` has that edge over the columns before it.
 """
 
@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+from gae_cases import BYTES_PER_ELEMENT, GAMMA, LAM, make_inputs
+from timing import copy_time_us, queued_time_us
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.triton_gae import _compose, launch_gae, plan  # noqa: E402
-from scripts.benchmark_gae import BYTES_PER_ELEMENT, GAMMA, LAM, copy_time_us, make_inputs, queued_time_us  # noqa: E402
+from kernels.gae_kernel import _compose
+from kernels.gae_launch import launch_gae
+from kernels.gae_plan import plan
 
 
 @triton.jit
@@ -56,7 +57,7 @@ def _traffic_kernel(rewards_ptr, values_ptr, terminateds_ptr, truncateds_ptr, bo
 
 
 def measure(num_envs: int, num_steps: int, time_major: bool) -> tuple[str, list[float]]:
-    """The tile label and the device times of copy, access, +scan, ours, ours with lam = 0."""
+    """The tile label and the GPU times of copy, access, +scan, ours, ours with lam = 0."""
     x = make_inputs(num_envs, num_steps, time_major)
     nbytes = BYTES_PER_ELEMENT * num_envs * num_steps
     calls = max(5, min(100, int(2e8 // nbytes)))
@@ -82,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_gae_costs.py needs a CUDA GPU")
-    print(f"# {torch.cuda.get_device_name()}: device us per call; tile [block_n x block_t]/warps from plan()")
+    print(f"# {torch.cuda.get_device_name()}: GPU us per call; tile [block_n x block_t]/warps from plan()")
     print(f"{'N x T':>12} {'layout':>6} {'tile':>10} {'copy':>8} {'access':>8} {'+scan':>8} {'ours':>8} {'lam=0':>8}")
     for spec in args.shapes:
         num_envs, num_steps = (int(v) for v in spec.lower().split("x"))

@@ -1,0 +1,176 @@
+"""A run dir's records and its lock: `run_info.json` (what ran where), the overrides Hydra recorded in
+`.hydra/overrides.yaml`, the command that resumes a run, and the lock that keeps two runs out of one
+dir. Plain files and file locks: `hydra_edge.py` and the scripts read runs through this module."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import platform
+import shlex
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import yaml
+
+from ppo import distributed
+from ppo.checkpoint import resolve_checkpoint
+from ppo.config import ConfigError, TrainSettings, learning_differences
+from ppo.envs import env_groups, simulator_version
+
+RUN_INFO = "run_info.json"
+
+
+class RunDirInUse(RuntimeError):
+    """Another process trains in the run dir this one was sent to."""
+
+
+_claimed: dict[str, int] = {}  # run dir (absolute) -> the descriptor through which this process locks it
+
+
+def claim(run_dir: str) -> None:
+    """Lock `run_dir` (made if new) for this process. Two runs of one env and seed started in the same
+    second get the same default dir, and a resume in place (`hydra.run.dir=`) may name a dir whose run
+    still trains: unlocked, either pair would interleave its logs and overwrite the other's checkpoints.
+    The kernel drops the lock when the process ends, however it ends. Under torchrun only rank 0 writes
+    the dir, and only it locks. Raises `RunDirInUse`, or `OSError` where the dir cannot be made or opened."""
+    run_dir = os.path.abspath(run_dir)
+    if run_dir in _claimed or distributed.launched_rank() != 0:
+        return
+    os.makedirs(run_dir, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY)
+    if not locked(fd):
+        os.close(fd)
+        raise RunDirInUse(f"run dir {run_dir} is in use by a run still training there (runs of one env and seed "
+                          "started in the same second get the same dir); give this one its own: "
+                          f"hydra.run.dir={shlex.quote(run_dir + '_2')}")
+    _claimed[run_dir] = fd
+
+
+def release(run_dir: str) -> None:
+    fd = _claimed.pop(os.path.abspath(run_dir), None)
+    if fd is not None:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claimed(run_dir: str) -> Iterator[None]:
+    """Hold `run_dir`'s lock (`claim`) while this process trains into it, and let it go after."""
+    claim(run_dir)
+    try:
+        yield
+    finally:
+        release(run_dir)
+
+
+def locked(fd: int) -> bool:
+    """Take the run-dir lock through `fd`: False when another process holds it. On a file system
+    without locks, True: the run trains unguarded."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def remove_if_unused(run_dir: str) -> None:
+    """Remove a run dir that holds nothing but Hydra's `.hydra/` record, unless another process trains
+    there (its lock); then the parents this command made (runs/<env.id>/ for a mistyped id) while they
+    are empty, inside the working directory only."""
+    path = Path(run_dir).resolve()
+    if not path.is_dir() or [p.name for p in path.iterdir()] not in ([], [".hydra"]):
+        return
+    if os.path.abspath(run_dir) not in _claimed:  # this process's lock aside, a lock held there is another run's
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            free = locked(fd)
+        finally:
+            os.close(fd)  # a probe only: the lock goes with the descriptor
+        if not free:
+            return
+    shutil.rmtree(path)
+    cwd, parent = Path.cwd().resolve(), path.parent
+    while cwd in parent.parents and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
+def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, workers: int = 1,
+                   resumed: dict | None = None) -> None:
+    """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/); `resumed`:
+    the checkpoint a resumed run continues and its step."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    cpu = cpu_name()
+    hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
+    info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
+            "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
+            "simulator": simulator_version(settings.env.backend), "env_groups": env_groups(settings.env, device),
+            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})", **(resumed or {})}
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / RUN_INFO).write_text(json.dumps(info, indent=1))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def recorded_overrides(run_dir: str | Path) -> list[str]:
+    """The command-line overrides Hydra recorded for a run (`<run dir>/.hydra/overrides.yaml`),
+    without Hydra's own `hydra.*` ones; [] where it kept no record."""
+    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in yaml.safe_load(recorded.read_text()) or []] if recorded.is_file() else []
+    return [o for o in overrides if not override_key(o).startswith("hydra.")]
+
+
+def override_key(override: str) -> str:
+    """The setting or config group a Hydra override names: `+ppo.x=1` -> `ppo.x`, `env=Ant-v4` -> `env`."""
+    return override.lstrip("+~").partition("=")[0]
+
+
+def command_value(value) -> str:
+    """A setting's value as it would be written on the command line."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return f"[{','.join(map(str, value))}]" if isinstance(value, tuple) else str(value)
+
+
+def resume_command(run_dir: str | Path, resume: str | None = None, total_timesteps: int | None = None) -> str:
+    """`python train.py <the run's own overrides> resume=<resume, or the run dir>`; `total_timesteps`
+    replaces the run's own target."""
+    dropped = {"resume"} | ({"total_timesteps"} if total_timesteps is not None else set())
+    kept = [o for o in recorded_overrides(run_dir) if override_key(o) not in dropped]
+    if total_timesteps is not None:
+        kept.append(f"total_timesteps={total_timesteps}")
+    return " ".join(["python train.py", *map(shlex.quote, kept), shlex.quote(f"resume={resume or run_dir}")])
+
+
+def resumed_changes(settings: TrainSettings, saved: dict, given: frozenset[str]) -> list[tuple]:
+    """The learning settings a resume changes on purpose, as `(key, the run's value, this one)`, from the
+    run's `saved` settings (a checkpoint's). `given`: the keys this command sets itself (`key=value`). Any
+    other learning setting that differs from the run's is a ConfigError: a forgotten override (the env,
+    the seed, a batch size) would silently train another configuration from this checkpoint, in a run
+    dir named after the wrong one."""
+    differences = learning_differences(saved, dataclasses.asdict(settings))
+    forgotten = [d for d in differences if d[0] not in given]
+    if forgotten:
+        shown = ", ".join(f"{key} {command_value(old)} (here {command_value(new)})" for key, old, new in forgotten[:4])
+        more = f" and {len(forgotten) - 4} more" if len(forgotten) > 4 else ""
+        run_dir = resolve_checkpoint(settings.resume).parent.parent  # <run dir>/checkpoints/last.pt
+        command = resume_command(run_dir, settings.resume, settings.total_timesteps)
+        raise ConfigError(f"resume={settings.resume}: its run trained with other settings: {shown}{more}. Continue "
+                          f"it with its own overrides: {command}; or set a key as key=value (to the run's value, "
+                          f"or to a new one on purpose)")
+    return differences

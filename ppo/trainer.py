@@ -1,0 +1,262 @@
+"""The training loop: typed settings in, a trained run dir out. No Hydra here (`train.py` is the edge).
+
+The story of a run, read top to bottom in `train`: settings -> environments, agent, buffer -> (collect,
+advantages, update, log, checkpoint) until `total_timesteps` -> the final checkpoint. The fast paths
+(CUDA graphs, the fused or compiled update, pipelined simulators) live behind the objects that use them:
+`Collector`, `RolloutBuffer.compute_advantages` and `Updater`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+from buffers import RolloutBuffer
+from ppo import distributed
+from ppo import run_dir as run_records
+from ppo.agent import make_agent
+from ppo.checkpoint import (
+    check_observation_layout,
+    load_checkpoint,
+    resolve_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
+from ppo.collect import Collector
+from ppo.config import ConfigError, TrainSettings, flat_settings
+from ppo.envs import make_envs
+from ppo.fused_update import auto_fallback_note, fuses
+from ppo.logger import RunLogger, final_step, mean_of_last_episodes
+from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
+from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
+
+LOSS_TAGS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac", "explained_variance")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def train(settings: TrainSettings, run_dir: str, device: torch.device, given: frozenset[str] = frozenset()) -> float:
+    """Train `settings` into `run_dir` on `device`; returns the mean return of the last 100 episodes.
+    `given`: the setting keys the command line set (`key=value`); a resume may change only those, and the
+    execution keys (ppo.config.EXECUTION_KEYS), from the settings its run trained with."""
+    ppo = settings.ppo
+    workers = distributed.start(device)  # under torchrun: this worker's rank; else one worker
+    if device.type == "cuda" and workers.world_size > 1:
+        device = torch.device("cuda", workers.local_rank)
+        torch.cuda.set_device(device)
+    own_dir, run_dir = run_dir, distributed.broadcast_object(run_dir)  # rank 0's holds the logs and checkpoints
+    if own_dir != run_dir:  # this worker's Hydra read the clock (`${now:...}`) a second after rank 0's
+        run_records.remove_if_unused(own_dir)
+    # One intra-op thread by default: these MLPs are too small to gain from more, and idle OpenMP
+    # workers spin on the cores the simulator's threads need (env time 265 -> 179 ms an iteration on 2 cores).
+    torch.set_num_threads(settings.torch_threads or 1)
+    seed_everything(settings.seed)  # the same initial weights on every worker
+    resumed_from = resolve_checkpoint(settings.resume) if settings.resume else None
+    checkpoint = load_checkpoint(resumed_from, device) if resumed_from else None
+    iteration = checkpoint["iteration"] if checkpoint else 0
+    global_step = checkpoint["global_step"] if checkpoint else 0
+    if global_step >= settings.total_timesteps:  # a resume that would train nothing is a forgotten override
+        raise ConfigError(f"resume={settings.resume}: its checkpoint is at step {global_step:,}, which already "
+                          f"reaches `total_timesteps` ({settings.total_timesteps:,}); set it higher to train on")
+    changed = run_records.resumed_changes(settings, checkpoint["settings"], given) if checkpoint else []
+
+    env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
+    envs = make_envs(settings.env, device, env_seed)
+    value_normalizer = ValueNormalizer(device, ppo.normalize_values)
+    agent = make_agent(envs.obs_dim, envs.act_dim, settings.model, value_normalizer).to(device)
+    # The update's fast paths, decided once for what is left of the run; the settings carry the answers.
+    minibatch_size = settings.batch_size // ppo.num_minibatches
+    fallback = auto_fallback_note(ppo, agent, device, workers.world_size, minibatch_size)  # said below
+    ppo = dataclasses.replace(ppo, fused_update=fuses(ppo, agent, device, workers.world_size, minibatch_size))
+    compiled = compiles(ppo, device, settings.total_timesteps - global_step) and not ppo.fused_update
+    ppo = dataclasses.replace(ppo, compile=compiled)
+    # On a GPU the compiled loss runs actor and critic side by side (fewer kernels a step); on a CPU that is slower.
+    agent.set_side_by_side(compiled and device.type == "cuda")
+    # CUDA graphs for collection and update on one GPU (a torchrun group's all-reduces are not captured).
+    graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
+    optimizer = make_optimizer(agent, ppo, device, graphs)
+    updater = Updater(agent, optimizer, ppo, graphs)
+    obs_normalizer = ObservationNormalizer(envs.obs_dim, device, ppo.observation_clip, ppo.normalize_observations)
+    reward_scaler = RewardScaler(envs.num_envs, ppo.gamma, device, ppo.reward_clip, ppo.normalize_rewards)
+    normalizers = {"obs_normalizer": obs_normalizer, "reward_scaler": reward_scaler,
+                   "value_normalizer": value_normalizer}  # by checkpoint key
+    generator = torch.Generator(device).manual_seed(settings.seed)
+    if checkpoint:
+        check_observation_layout(checkpoint, envs.obs_layout, f"resume={settings.resume}")
+        restore_training_state(checkpoint, agent, optimizer, normalizers, generator)
+    distributed.broadcast_parameters(agent)
+    if workers.world_size > 1:  # each worker samples actions and shuffles minibatches its own way
+        torch.manual_seed(env_seed)
+        generator.manual_seed(env_seed)
+    buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
+    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed, graphs)
+    steps_per_iteration = settings.batch_size * workers.world_size
+    last_step = final_step(global_step, settings.total_timesteps, steps_per_iteration)
+    logger = RunLogger(run_dir, last_step, global_step, settings.log_every_s, enabled=workers.is_main)
+    stop = StopOnSignal()
+
+    def state() -> dict:
+        return training_state(settings, iteration, global_step, agent, optimizer, normalizers, generator,
+                              envs.obs_layout)
+
+    if workers.is_main:
+        # A resumed run writes a new run dir unless told its own: say (and record) what it continues.
+        resumed = {"resumed_from": str(resumed_from.resolve()), "resumed_at_step": global_step} if checkpoint else {}
+        run_records.write_run_info(run_dir, settings, device, workers.world_size, resumed)
+        logger.settings(global_step, {key: run_records.command_value(value)
+                                      for key, value in flat_settings(dataclasses.asdict(settings)).items()})
+        fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
+                                            ("compiled update", compiled)) if on]
+        resumed_at = (resumed_from, global_step, iteration) if checkpoint else None
+        for line in opening_lines(settings, device, run_dir, len(envs.members), envs.num_envs, workers.world_size,
+                                  last_step, fast_paths, resumed_at, fallback, changed):
+            logger.say(line)
+    recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
+    try:
+        while global_step < last_step and not stop.agreed(device):
+            iteration += 1
+            if ppo.adaptive_lr_kl is None:  # else the updater adapts the rate after each epoch
+                set_learning_rate(optimizer, ppo.learning_rate * (1 - global_step / settings.total_timesteps
+                                                                  if ppo.anneal_lr else 1))
+            env_s, inference_s = collector.env_seconds, collector.inference_seconds
+            iteration_start = time.perf_counter()
+
+            collector.collect(buffer)
+            global_step += steps_per_iteration
+
+            start = time.perf_counter()
+            buffer.compute_advantages(ppo.gamma, ppo.gae_lambda)
+            gae_s = synchronized_seconds(start, device)
+
+            start = time.perf_counter()
+            value_normalizer.update(buffer.returns, buffer.valid)  # this update's targets in the critic's units
+            stats = updater(buffer, generator)
+            update_s = synchronized_seconds(start, device)
+            stats["learning_rate"] = current_learning_rate(optimizer)  # after the update: adaptive rates move
+
+            # One read of device scalars per iteration: episodes summed, losses averaged over workers.
+            episodes, return_sum, length_sum = distributed.all_reduce_sum(collector.episodes.pop()).tolist()
+            names = list(stats)
+            stacked = distributed.mean_over_workers(torch.stack([stats[n].float().to(device) for n in names]))
+            values = dict(zip(names, stacked.tolist(), strict=True))
+            if not all(math.isfinite(values[n]) for n in ("policy_loss", "value_loss", "approx_kl")):
+                raise NonFiniteLossError(
+                    f"non-finite loss at iteration {iteration} (step {global_step:,}): policy {values['policy_loss']}, "
+                    f"value {values['value_loss']}; the last good checkpoint is kept in {run_dir}/checkpoints"
+                )
+            mean_return = return_sum / episodes if episodes else None
+            if episodes:
+                recent.append((episodes, mean_return))
+                logger.scalars(global_step, {"charts/episodic_return": mean_return,
+                                             "charts/episodic_length": length_sum / episodes,
+                                             "charts/episodes": episodes})
+            logger.scalars(global_step, {
+                "charts/SPS": logger.sps(global_step), "charts/learning_rate": values["learning_rate"],
+                **{f"losses/{n}": values[n] for n in LOSS_TAGS},
+                "time/env": collector.env_seconds - env_s, "time/inference": collector.inference_seconds - inference_s,
+                "time/gae": gae_s, "time/update": update_s, "time/iteration": time.perf_counter() - iteration_start,
+            })
+            logger.progress(global_step, mean_return)
+            if settings.checkpoint.every and iteration % settings.checkpoint.every == 0 and workers.is_main:
+                save_checkpoint(run_dir, state())
+        if workers.is_main:
+            path = save_checkpoint(run_dir, state())
+            logger.progress(global_step, None, final=True)
+            if stop.requested:
+                logger.say(f"stopped by signal at step {global_step:,}; checkpoint {path}; to go on: "
+                           f"{run_records.resume_command(run_dir)}")
+            else:
+                final = mean_of_last_episodes(recent)
+                score = (f"mean return of the last 100 episodes {final:.1f} (CleanRL's metric)" if math.isfinite(final)
+                         else "no episode finished")
+                logger.say(f"finished at step {global_step:,} after {logger.elapsed()}: {score}; "
+                           f"logs and checkpoint in {run_dir}")
+    except NonFiniteLossError as error:
+        logger.say(f"error: {error}", sys.stderr)
+        raise
+    finally:
+        envs.close()
+        logger.close()
+    distributed.stop()
+    return mean_of_last_episodes(recent)
+
+
+def opening_lines(settings: TrainSettings, device: torch.device, run_dir: str, groups: int, num_envs: int,
+                  world_size: int, last_step: int, fast_paths: list[str], resumed_at: tuple | None,
+                  fallback: str | None, changed: list[tuple]) -> list[str]:
+    """What a run says before its first iteration: task, simulator, envs, device, fast paths, steps and run
+    dir; the checkpoint a resume continues (`resumed_at`: path, step, iteration); that the first iteration
+    warms the fast paths up (the first progress line comes only after it); why a fast path does not run
+    (`fallback`); the settings a resume changes on purpose."""
+    steps_per_iteration = settings.batch_size * world_size
+    grouped = f" in {groups} pipelined groups" if groups > 1 else ""
+    paths = " with " + " and ".join(fast_paths) if fast_paths else ""
+    # Whole iterations: say where the run really ends when that is past the requested count.
+    past = (f" (whole iterations of {steps_per_iteration:,}: it ends at {last_step:,})"
+            if last_step > settings.total_timesteps else "")
+    per_worker = f" x {world_size} workers" if world_size > 1 else ""
+    count = f"{num_envs} env" + "s" * (num_envs != 1)
+    lines = [f"training {settings.env.id} ({settings.env.backend}, {count}{grouped}{per_worker}) "
+             f"on {device}{paths} for {settings.total_timesteps:,} steps{past}; run dir {run_dir}"]
+    if resumed_at:
+        path, step, iteration = resumed_at
+        lines.append(f"resumed from {path} at step {step:,} (iteration {iteration})")
+    if fast_paths:
+        # Cold-cache compile times as measured: a CPU compile's time follows its cores.
+        takes = ("~25 s on an H200 host" if device.type == "cuda"
+                 else "~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core GPU host")
+        compile_time = (f" (torch.compile takes {takes}; seconds once cached)"
+                        if "compiled update" in fast_paths else "")
+        lines.append(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}")
+    if fallback:
+        lines.append(fallback)
+    if changed:
+        lines.append("resumed with settings changed on purpose: " + ", ".join(
+            f"{key} {run_records.command_value(old)} -> {run_records.command_value(new)}" for key, old, new in changed))
+    return lines
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def synchronized_seconds(start: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+class StopOnSignal:
+    """Ctrl-C or SIGTERM: finish the iteration, save a checkpoint, exit cleanly. A second one aborts."""
+
+    received = False  # for train.py: a signal also ends a sweep
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any worker was asked to stop (all workers then stop at the same iteration)."""
+        if not distributed.active():
+            return self.requested
+        flag = torch.tensor([float(self.requested)], device=device)
+        return distributed.all_reduce_sum(flag).item() > 0
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = StopOnSignal.received = True
+        print("\nstopping after this iteration (again to abort)...", file=sys.stderr, flush=True)
