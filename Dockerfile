@@ -1,7 +1,7 @@
 # A CUDA PyTorch image that trains by default. Runs land in /app/runs, so mount a host dir there:
 #   docker run --gpus all -v "$PWD/runs:/app/runs" ppo-triton env=Hopper-v4
 #   docker run --gpus all -v "$PWD/runs:/app/runs" --entrypoint python ppo-triton scripts/evaluate.py runs/Hopper-v4/<run>
-# torch 2.11 with Triton 3.6, as on the H200 host that docs/benchmarks.md measured on (Triton 3.1-3.4
+# torch 2.11 with Triton 3.6, as on the GPU host docs/benchmarks.md measures on (Triton 3.1-3.4
 # cannot build the GAE kernel; pyproject.toml says why).
 FROM pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 WORKDIR /app

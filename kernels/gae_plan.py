@@ -60,7 +60,7 @@ ENV_MAJOR_MAXNREG, ENV_MAJOR_MAXNREG_MIN_PROGRAMS = 48, 8192
 # Later chunks a look-back round reads, by tile rows: 4 rows 7.5-7.7 us at 4x131072 with two (7.9-8.0 with one,
 # 8.5-8.6 with four: ptxas reuses one register), 16 rows 9.8-9.9 at 16x65536 with four (10.3-10.6 with one).
 LOOK_BACK_WINDOW = {2: 2, 4: 2, 8: 2, 16: 4}
-# 16-row tiles on 4096+ programs read eight a round, capped at 168 registers so that ptxas issues the
+# 16-row tiles on 4096+ programs read eight a round, capped at 168 registers so that ptxas sends the
 # eight reads at once: 16x1M 106.0-106.3 against 107.9-108.8 us; smaller grids lost 1.5-28%.
 WIDE_WINDOW, WIDE_WINDOW_BLOCK_N, WIDE_WINDOW_MIN_PROGRAMS, WIDE_WINDOW_MAXNREG = 8, 16, 4096, 168
 MAX_ALIGN = 4  # the widest vector a thread moves: 16 bytes of float32

@@ -4,7 +4,7 @@ by hand (`ppo_gradients_kernel`), then global-norm gradient clipping and Adam (`
 
 Why: CleanRL's schedule takes 320 optimiser steps on 64-sample minibatches per 2,048 samples. Each
 step is tiny (~5 MFLOP), so its cost is the count of kernels it launches: ~46 even after
-torch.compile and CUDA graphs, ~26 ms of device time per update on an H200 (docs/benchmarks.md).
+torch.compile and CUDA graphs, ~26 ms of GPU time per update on an H200.
 A step's latency, not the GPU's throughput, is what counts, and a chain of dependent matrix
 products on one SM decides it. So the gradients kernel runs two programs, the actor's chain (eight
 products) and the critic's (five) side by side on two SMs, each holding its activations in
@@ -58,7 +58,7 @@ def _tf32_split(x):
 def _dot(a, b, PRECISION: tl.constexpr):
     # "tf32": tensor cores, the inputs read to 10 mantissa bits (~1e-3 relative error per product, as
     # JAX's default float32 matmul on these GPUs); 4.6x faster per step on an H200 than "ieee", fp32
-    # FMAs as torch's default matmul (docs/benchmarks.md).
+    # FMAs as torch's default matmul.
     # "tf32x3": three TF32 products of split inputs, hi*lo + lo*hi + hi*hi (lo*lo, ~2^-22, dropped),
     # smallest first: ~1e-6 relative error, fp32's order, on tensor cores. Triton's own "tf32x3"
     # made illegal memory accesses in this kernel on an H200 (triton 3.6), so the split is ours.

@@ -92,8 +92,8 @@ class Agent(nn.Module):
         """`actor_mean(obs), critic(obs)` computed as one network: the first layer with both networks'
         weights concatenated, each later layer as one batched product of their stacked weights, the
         critic's one output row padded to the actor's width. The same parameters and math; on a GPU
-        the minibatch step is launch-bound, and this halves its matrix products (on the H200: device
-        time per compiled step 101 -> 81 us, docs/benchmarks.md). On a CPU it is slower, eager or
+        the minibatch step is launch-bound, and this halves its matrix products (on an H200: GPU
+        time per compiled step 101 -> 81 us). On a CPU it is slower, eager or
         compiled (the stacking costs more than it saves there), so train.py uses it for the compiled
         loss on CUDA only."""
         pairs = list(zip(self.actor_mean, self.critic, strict=True))

@@ -63,7 +63,7 @@ class Collector:
     normalise the observation it returned, sample the next action (the actor alone). `_book` runs
     after `send`, while the group simulates: record the step's outcome, the value, the log-prob and
     the buffer writes. So only the actor's forward stands between an observation arriving and the
-    next action leaving (on the H200 host each step's device work sits on that path: the host waits
+    next action leaving (on an H200 host each step's device work sits on that path: the host waits
     for it before it can send).
 
     With `graphs` (one CUDA device), the first `collect` runs eagerly on a side stream (the warm-up

@@ -3,8 +3,7 @@ the loss's gradient by `torch.func.grad`, global-norm clipping and Adam written 
 
 On a CPU the step's cost is host work per op (the autograd engine, the optimizer's Python), not
 arithmetic: compiling only the loss left an Ant-v4 minibatch step at ~550 us on the 2-core
-machine, the whole step compiled took ~205 us when it landed (session 10; ~240 us with two steps
-per call on the slower machine of session 17, docs/benchmarks.md). The math is
+machine, and the whole step compiled ~205-240 us. The math is
 `nn.utils.clip_grad_norm_` then `torch.optim.Adam` (no weight decay, amsgrad or maximize), on the
 optimizer's own state tensors, so checkpoints and the other update paths see one optimizer.
 """
@@ -38,7 +37,7 @@ def _own_copy(method):
 def _tensor_and_global_guards(guards) -> list[bool]:
     """Keep the guards on tensors (dtype, shape, strides, device) and on global state (grad mode and
     the like); drop those on Python values and modules: ~900 checks per call, ~50 us of a ~370 us
-    step on the 2-core machine (docs/benchmarks.md). What they would check cannot change within one
+    step on the 2-core machine. What they would check cannot change within one
     instance: its settings are frozen, its agent's structure is fixed once training starts, and
     the rate and the normalisers' statistics are tensors."""
     return [g.guard_type in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV") for g in guards]
@@ -61,7 +60,7 @@ def vector_width_option() -> dict[str, int]:
     every torch.compile of CPU code here. Named, the width enters the key of inductor's on-disk graph
     cache, which (torch 2.13) leaves it out: a graph compiled for AVX-512 and loaded where AVX2 code
     is generated (ATEN_CPU_CAPABILITY=avx2, or a cache shared with another machine) gave NaN from its
-    first call, and the reverse corrupted the heap (docs/benchmarks.md). Only the width is keyed: two
+    first call, and the reverse corrupted the heap. Only the width is keyed: two
     512-bit machines, one with AMX and one without, would still share graphs."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -86,7 +85,7 @@ class CompiledStep:
     same reason one call takes `minibatches_per_call` steps: each call of a compiled function
     costs ~70 us of dispatch (torch.compile's guards and wrappers) however little it computes;
     two steps per call took ~45 us less per step on the 2-core machine, four only ~5 us less
-    again at twice the compile time (docs/benchmarks.md)."""
+    again at twice the compile time."""
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, settings: PPOSettings, loss_fn,
                  minibatches_per_call: int = 1):
@@ -105,7 +104,7 @@ class CompiledStep:
         # A tensor rate: a float would be baked into the graph and recompile whenever it changed.
         # cpp_wrapper: the graph's driver code (allocations, ~30 kernel and matrix-product calls) is
         # compiled C++ instead of Python; on the 2-core machine a step took 346-377 us against 407-427
-        # with the Python driver (docs/benchmarks.md), and it compiled no slower. use_decompose_tanh:
+        # with the Python driver, and it compiled no slower. use_decompose_tanh:
         # tanh(x) as 2 / (1 + exp(-2x)) - 1 (within ~1e-7 of tanh) instead of SLEEF's tanh, which took
         # ~47 us of the step for four 64x64 activations; the step measured 272-313 against 311-355 us.
         self._step = torch.compile(_own_copy(self._math), dynamic=False,
@@ -145,7 +144,7 @@ class CompiledStep:
             # beta**step written as exp(step * log(beta)): inductor's CPU code computes a scalar used by
             # many loops once only if it holds a "heavy" op such as exp; as `beta**step` it was
             # recomputed, two powf calls, in every 8-wide iteration of the Adam loops (~10% of the
-            # step; ~27 us less per step measured, docs/benchmarks.md). Equal to pow within float32 rounding.
+            # step; ~27 us less per step measured). Equal to pow within float32 rounding.
             step_size = lr / (1 - torch.exp(step * math.log(beta1)))
             root_correction = (1 - torch.exp(step * math.log(beta2))).sqrt()
             for p, g, exp_avg, exp_avg_sq in zip(self.params, grads, self.exp_avg, self.exp_avg_sq, strict=True):

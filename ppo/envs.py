@@ -165,10 +165,10 @@ def _envpool_mujoco_version(package_dir: str) -> str | None:
 
 
 def env_groups(settings: EnvSettings, device: torch.device) -> int:
-    """`env.groups` as a count. `auto` is 2 on CUDA where the envs split evenly: on the H200 host
-    two pipelined groups trained Ant-v4 4-7% faster than one lockstep simulator, in two calls
-    (docs/benchmarks.md); on the 2-core CPU machine they measured the same, with no core to spare
-    for the overlap, so CPU runs keep one simulator."""
+    """`env.groups` as a count. `auto` is 2 on CUDA where the envs split evenly: on an H200 host
+    two pipelined groups trained Ant-v4 4-7% faster than one lockstep simulator; on the 2-core CPU
+    machine they measured the same, with no core to spare for the overlap, so CPU runs keep one
+    simulator."""
     if settings.groups != "auto":
         return settings.groups
     return 2 if device.type == "cuda" and settings.num_envs % 2 == 0 else 1
@@ -185,10 +185,10 @@ def pins_threads(settings: EnvSettings, device: torch.device) -> bool:
     `auto` pins on a CPU run whose envpool threads number the machine's CPUs, all of them usable by
     this one process. There the training loop's own work lands on a core a worker also needs: on the
     2-core machine, ~0.9 ms of busy work between steps slowed unpinned steps by 14-18%, pinned ones
-    by 0-14%, and pinned stepping was faster to begin with (docs/benchmarks.md). Not where several
+    by 0-14%, and pinned stepping was faster to begin with. Not where several
     runs or workers share the machine (threads fewer than CPUs, a restricted CPU set, data-parallel
     workers): envpool pins thread i to CPU i in every process, which would stack their threads on
-    the same cores. Not on a GPU run, where it made no difference on the H200 host."""
+    the same cores. Not on a GPU run, where it made no difference on a 16-core H200 host."""
     if settings.pin_threads != "auto":
         return bool(settings.pin_threads)
     if settings.backend != "envpool" or device.type != "cpu" or distributed.active():
@@ -431,7 +431,7 @@ class StepOutputs:
     """The fixed tensors one simulator's `recv(out=...)` refills: `tensors` is `(observations
     [N, obs_dim] f32, rewards [N] f32, terminateds [N] bool, truncateds [N] bool)`, views of one
     device buffer. On CUDA they arrive as one copy from a pinned host buffer of the same layout
-    instead of four blocking copies from pageable memory (~16 us each on the H200 host, twice per
+    instead of four blocking copies from pageable memory (~16 us each on an H200 host, twice per
     step with two env groups; all of it on the path from an observation to the next action).
 
     The copy is asynchronous. The host buffer is safe to refill at the next `recv` because a `send`

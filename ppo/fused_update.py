@@ -5,7 +5,7 @@ clipping and Adam. Same math, same Adam state: the kernels update the agent's pa
 optimizer's own moment tensors in place, so checkpoints, evaluation and the eager path see nothing
 different.
 
-Device time per step on an H200 (docs/benchmarks.md): ~29 us with `ppo.fused_precision=tf32x3`
+GPU time per step on an H200: ~29 us with `ppo.fused_precision=tf32x3`
 (the default: three TF32 tensor-core products of split inputs, fp32-like, within the `ieee`
 tolerances of tests/test_fused_update.py), ~16 us with `tf32` (one product, ~1e-3 relative
 error), ~72 us with `ieee` (fp32 FMAs), against ~82 us for the compiled loss. `auto`, the default,
@@ -25,11 +25,9 @@ from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import ConfigError, PPOSettings
 
-# Warps per gradients program by `ppo.fused_precision`, from an H200's device time per step
-# (docs/benchmarks.md). Two kernels: tf32 15.6 us at 4 warps, 17.5 at 8; tf32x3 28.8 at 4, and at 8
-# Triton 3.6 made illegal memory accesses in every test; ieee 72 at 16. (One kernel per step, before:
-# tf32 50 at 4 warps, 47 at 8 but one test shape's value loss 39% off; ieee 167 at 16, 402 at 8,
-# where fp32 FMAs with fewer warps spill the live [64, 64] tiles.)
+# Warps per gradients program by `ppo.fused_precision`, from an H200's GPU time per step: tf32 15.6 us
+# at 4 warps, 17.5 at 8; tf32x3 28.8 at 4, while at 8 Triton 3.6 made illegal memory accesses in every
+# test; ieee 72 at 16 (with fewer warps fp32 FMAs spill the live [64, 64] tiles).
 NUM_WARPS = {"tf32": 4, "tf32x3": 4, "ieee": 16}
 ADAM_WARPS = 4  # the second kernel: one program per parameter tensor, at most 4096 elements each here
 # One program holds a whole minibatch's activations in registers: CleanRL's 64-sample minibatches

@@ -64,9 +64,9 @@ class RunLogger:
 
     def recent_sps(self, step: int, now: float) -> float:
         """The console's rate, for SPS and ETA: the steps since the first iteration. That one holds
-        the one-off warm-up (CUDA graphs, compiles): 10.7 s of a 100k-step Hopper run on the H200,
-        whose other iterations ran at 45,875 steps/s and whose `sps` ended at 7,798
-        (docs/benchmarks.md, session 51). `sps` until a second iteration is in."""
+        the one-off warm-up (CUDA graphs, compiles): 10.7 s of a 100k-step Hopper run on an H200,
+        whose other iterations ran at 45,875 steps/s and whose `sps` ended at 7,798. `sps` until a
+        second iteration is in."""
         if self.first_iteration_end is None or step <= self.first_iteration_end[1]:
             return self.sps(step)
         start_time, start_step = self.first_iteration_end

@@ -66,8 +66,8 @@ _compiled_loss = None
 
 
 # On a CPU the compile (~25 s on 2 cores with a cold inductor cache, seconds once cached) pays from
-# ~150k steps: the whole compiled step trains Ant-v4 ~2x faster than eager on the 2-core machine
-# (docs/benchmarks.md). The margin allows for slower compilers, and keeps tests and smoke runs eager.
+# ~150k steps: the whole compiled step trains Ant-v4 ~2x faster than eager on the 2-core machine.
+# The margin allows for slower compilers, and keeps tests and smoke runs eager.
 CPU_COMPILE_MIN_STEPS = 300_000
 
 
@@ -75,8 +75,8 @@ def compiles(settings: PPOSettings, device: torch.device, steps: int | None = No
     """Whether the update is torch.compile'd. `auto`: always on CUDA; on a CPU when at least
     `CPU_COMPILE_MIN_STEPS` `steps` are left to train and a C++ compiler is installed (the CPU backend
     builds C++), where the whole minibatch step is compiled (`compiles_whole_step`). Call it with
-    `steps` once per run (train.py stores the answer in the settings), so every part of the run
-    agrees. Speed and learning on both devices: docs/benchmarks.md."""
+    `steps` once per run (ppo.trainer stores the answer in the settings), so every part of the run
+    agrees."""
     if settings.compile != "auto":
         return bool(settings.compile)
     if device.type == "cuda":
@@ -95,7 +95,7 @@ def has_cxx_compiler() -> bool:
 def compiles_whole_step(settings: PPOSettings, device: torch.device) -> bool:
     """Whether the plain loop runs each minibatch step as one compiled function (`CompiledStep`): where
     the loss is compiled on a CPU, in one process. There it is 2.7x faster than compiling the loss
-    alone (docs/benchmarks.md); on a GPU the update replays CUDA graphs, where it measured no faster,
+    alone; on a GPU the update replays CUDA graphs, where it measured no faster,
     and data-parallel workers average their gradients between backward and Adam."""
     return compiles(settings, device) and device.type == "cpu" and not distributed.active()
 

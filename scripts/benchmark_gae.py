@@ -208,7 +208,7 @@ def after_kernel(args, rounds: int = 3) -> None:
 
 
 def sweep_tiles(args) -> None:
-    """Device time of the kernel for each tile and warp count, with the copy of the same bytes.
+    """GPU time of the kernel for each tile and warp count, with the copy of the same bytes.
     A tile whose output (NaN-poisoned first) strays from a float64 loop by more than 1e-3 (relative to the
     largest advantage, where that exceeds 1) is marked '!'. Every cell launches the kernel (no graph
     replay): on sm_90+ a programmatic dependent launch unless the label says `+e`."""

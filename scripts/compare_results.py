@@ -1,4 +1,4 @@
-"""Compare the returns of two sets of runs at equal steps (issue 4: speed must not cost learning).
+"""Compare the returns of two sets of runs at equal steps: a change must not cost learning.
 
     python scripts/compare_results.py --before runs/old_code --after runs/new_code [--tasks Hopper-v4]
 

@@ -7,7 +7,7 @@
 Runs, each with its configs/env/ defaults: HalfCheetah, Hopper, Walker2d, Ant, Humanoid and
 InvertedPendulum (-v4) for 1M steps x 3 seeds; and Ant-v4 for 10M steps with a 10M experiment of
 configs/experiment/, 3 seeds (`--ant-10m-experiment`: ant_10m, the default, rl_games' values, which
-scored higher and trained faster on the H200 host; or ant_10m_adaptive, CleanRL's values with
+scored higher and trained faster on an H200 host; or ant_10m_adaptive, CleanRL's values with
 rl_games' KL-adaptive rate; CleanRL's own annealed rate collapses over 10M steps; docs/results.md);
 then scripts/summarize_results.py writes results.md, results/baselines.csv and the plots into --out,
 beside the runs, so that they compare with the project's docs/results.md rather than replace it

@@ -15,7 +15,8 @@ as seeds (seed, device, threads, logging, checkpoints, compile and CUDA graphs d
 row: `mean`/`std` over seeds (numpy's std, ddof=0, as CleanRL reports), wall-clock and SPS averaged
 over seeds (wall-clock: from the first to the last logged iteration of each process; SPS: the steps
 trained in that span over it, so a process's first iteration, its start-up and compile, counts in
-neither), and where they ran. One plot per task and budget, all its runs.
+neither), and where they ran. One plot per task and budget, all its runs, and `results/curves.png`, the
+1M-step plots of the six MuJoCo tasks in one picture.
 
 results.md keeps what is written by hand between its NOTES markers (how the runs ran, what the rows
 say) when it is rewritten; `--rows` rebuilds the table from a CSV where the runs are not all on one
@@ -303,6 +304,36 @@ def write_markdown(rows: list[dict], path: Path, images: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+OVERVIEW = "curves.png"
+
+
+def write_overview(rows: list[dict], images: Path) -> Path | None:
+    """One picture of the 1M-step plots of the tasks with a CleanRL reference (the README's), tiled three
+    a row from the plots already in `images`; None where there are none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    tasks = [task for task, steps in REFERENCES if steps == 1_000_000]
+    names = [plot_name(task, 1_000_000) for task in tasks if any(r["task"] == task for r in rows)]
+    names = [name for name in names if (images / name).is_file()]
+    if not names:
+        return None
+    columns = min(3, len(names))
+    fig, axes = plt.subplots(-(-len(names) // columns), columns, figsize=(7 * columns, 4.5 * -(-len(names) // columns)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names, strict=False):  # a last row may have empty places
+        ax.imshow(mpimg.imread(images / name))
+    fig.tight_layout(pad=0.2)
+    fig.savefig(images / OVERVIEW, dpi=60)
+    plt.close(fig)
+    return images / OVERVIEW
+
+
 def read_csv(path: Path) -> list[dict]:
     """The rows `write_csv` wrote, typed back."""
     with path.open(newline="") as f:
@@ -326,8 +357,10 @@ def main() -> None:
     if args.rows:
         check_dirs_exist(parser, [args.rows])
         out = args.out or args.rows.parent.parent
-        write_markdown(read_csv(args.rows), out / "results.md", out / "results")
-        print(f"wrote {out / 'results.md'} from {args.rows}")
+        rows = read_csv(args.rows)
+        write_markdown(rows, out / "results.md", out / "results")
+        write_overview(rows, out / "results")
+        print(f"wrote {out / 'results.md'} and {out / 'results' / OVERVIEW} from {args.rows}")
         return
     check_dirs_exist(parser, args.roots)
     runs = find_runs(args.roots)
@@ -344,6 +377,7 @@ def main() -> None:
         group = [r for r in runs if (r.task, r.budget) == (task, budget)]
         plot(task, budget, group, out / "results" / plot_name(task, budget))
     write_markdown(rows, out / "results.md", out / "results")
+    write_overview(rows, out / "results")
     for row in rows:
         print(", ".join(f"{k}={row[k]}" for k in CSV_COLUMNS))
     print(f"wrote {out / 'results.md'}, {out / 'results' / 'baselines.csv'} and {len(plots)} "

@@ -76,7 +76,7 @@ def discrete_envpool_task():
 @pytest.fixture(scope="session")
 def deepmind_control_task():
     """CheetahRun-v1, an envpool task observing a Dict (position, velocity): 1.2.5 has DeepMind Control's
-    tasks, 1.2.7 (the H200 host's) has only gymnasium's MuJoCo ones."""
+    tasks, 1.2.7 (the GPU host's, Python 3.12) has only gymnasium's MuJoCo ones."""
     envpool = pytest.importorskip("envpool")
     if "CheetahRun-v1" not in envpool.list_all_envs():
         pytest.skip("this envpool build has no DeepMind Control tasks")

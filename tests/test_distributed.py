@@ -121,7 +121,7 @@ from ppo import distributed
 
 def gloo_threads():
     # Gloo's threads name themselves (pt_gloo_runloop, and gloo_tcp_loop on newer torch); other
-    # libraries start threads of their own meanwhile (on the H200 host's CUDA build, one named
+    # libraries start threads of their own meanwhile (on a GPU host's CUDA build, one named
     # cuda00002c0000c by the time the group had left), so a plain count would blame gloo.
     names = []
     for task in os.listdir("/proc/self/task"):

@@ -155,7 +155,7 @@ def test_fused_cuda_graph_update_is_the_plain_eager_update(target_kl, adaptive_l
     # Kernels that sum in another order than cuBLAS's: over 36 Adam steps an element whose gradient
     # is near zero can drift by a fraction of one step; on the H200 one of 4096 moved 1.1e-5 (ieee).
     # With TF32 products more of them do, by up to a step where a gradient's sign flips: run_updates
-    # sets rates up to 1e-2, and 1e-2 is what held on the H200 (session 11).
+    # sets rates up to 1e-2, and 1e-2 is what holds on an H200.
     param_atol = {"ieee": 1e-4, "tf32": 1e-2, "tf32x3": 1e-4}[precision]
     assert_same_updates((params, stats), run_updates(cuda, False, plain), param_atol=param_atol,
                         stat_rtol=TOLERANCES[precision]["stats"])

@@ -6,13 +6,13 @@ within ~3e-6 of float64 (measured); atol 1e-4 leaves 30x headroom and still catc
 index, flag or carry (those are off by O(1)).
 """
 
-import itertools
 import re
 import subprocess
 import sys
 
 import pytest
 import torch
+import triton
 
 from kernels import compute_gae, gae_kernel, gae_launch, gae_plan
 from kernels.gae_launch import GaeLaunch, launch_gae
@@ -111,17 +111,20 @@ def test_quad_tiles_with_every_bootstrap_mode_and_withheld_inclusives(bootstrap,
     assert_matches_oracle(rollout, launch_options=options, **bootstrap_overrides(rollout, bootstrap))
 
 
-def test_quads_scan_what_follows_each_quad_but_in_chunked_16_env_tiles_on_eight_warps():
-    # The default: the scan carries it in 32-env tiles (32 x 64 on four warps), on one warp (8 x 128),
-    # in tiles that hold whole rows (16 x 128 on eight warps) and in chunked 16-env tiles on four
-    # warps (grids of 2048+ programs); a gather reads it in chunked 16-env tiles on eight warps.
+def test_quads_scan_what_follows_each_quad_but_in_chunked_tiles_of_few_envs_on_eight_warps():
+    # The scan carries it in tiles of 32+ envs, in whole rows and on fewer than eight warps; a gather
+    # reads it in chunked tiles of fewer than 32 envs on eight warps (16 x 256 on one wave).
     rest_scan_index = gae_kernel.CONSTEXPR_NAMES.index("REST_SCAN")
-    for num_envs, num_steps, warps, expected in [(2048, 1024, 4, True), (4096, 100, 1, True), (4096, 128, 8, True),
-                                                 (16, 4096, 8, False), (16, 1 << 20, 4, True), (128, 65536, 4, True)]:
+    gathers = 0
+    for num_envs, num_steps in [(2048, 1024), (4096, 100), (4096, 128), (16, 4096), (16, 1 << 20), (128, 65536),
+                                (16, 65536), (8, 65536)]:
         rollout = random_rollout(num_envs, num_steps, time_major=True)  # planned from metadata: never launched
         launch = GaeLaunch(launch_tensors(rollout))
-        assert launch.num_warps == warps
-        assert launch.constexprs[rest_scan_index] is expected
+        block_n = launch.constexprs[gae_kernel.CONSTEXPR_NAMES.index("BLOCK_N")]
+        gather = launch.chunked and launch.num_warps >= 8 and block_n < 32
+        assert launch.constexprs[rest_scan_index] is (not gather), (num_envs, num_steps)
+        gathers += gather
+    assert 0 < gathers < 8, "the shapes must take both"
 
 
 @pytest.mark.parametrize("gamma,lam", [(0.0, 0.95), (1.0, 1.0), (0.99, 0.0), (0.5, 0.5)])
@@ -255,8 +258,8 @@ def test_the_cuda_launches_compile_for_an_nvidia_gpu(tmp_path):
     assert "16x1048576 env-major" in env_capped and int(re.search(r"REG:(\d+)", env_capped).group(1)) <= 48, env_capped
     # The eight-chunk window of 16-row tiles on many waves, at its cap of 168 (WIDE_WINDOW).
     assert "16x1048576 time-major" in time_capped and "maxnreg 168" in time_capped, time_capped
-    # No spills (the one-warp 8 x 128 tile that 5-7 envs had before session 27 held 255 registers and
-    # spilled 200 bytes at 5x100000).
+    # No spills (a one-warp 8 x 128 tile for 5-7 envs would hold 255 registers and spill 200 bytes at
+    # 5x100000).
     for line in lines:
         assert "STACK:0 " in line, line
     # Each is a programmatic dependent launch on sm_90 (`uses_pdl`): the wait for the kernel before it
@@ -299,7 +302,7 @@ def test_wide_time_major_tiles_match_reference(num_warps, rest_scan):
     # choice for grids of many programs) the scan carries it.
     rollout = random_rollout(19, 1800, density=0.05, time_major=True, device=DEVICE, seed=19)
     block_n, block_t, num_chunks, _, planned_warps = plan(19, 1800, True, 64)
-    assert (block_n, block_t, planned_warps) == (16, 64, 8) and num_chunks == 29
+    assert (block_n, planned_warps) == (gae_plan.WIDE_TILE_BLOCK_N, gae_plan.WIDE_TILE_WARPS) and num_chunks > 1
     assert uses_quads(True, block_n, block_t, num_chunks, num_warps)
     options = {"max_block_t": 64, "num_warps": num_warps}
     launch = GaeLaunch(launch_tensors(rollout), **options)
@@ -322,7 +325,7 @@ def test_look_back_window_reads_a_bounded_number_of_words():
     assert look_back_window(16, 1024) == 4
     assert look_back_window(16, 2) == 1 and look_back_window(16, 4) == 4  # no wider than the walk
     # 16-row tiles on grids of many waves read eight, and on NVIDIA GPUs take the register cap that
-    # makes ptxas issue the eight reads together.
+    # makes ptxas send the eight reads together.
     assert look_back_window(16, 4096, grid=4096) == 8 and look_back_window(16, 4096, grid=4095) == 4
     assert look_back_window(16, 4, grid=8192) == 4 and look_back_window(8, 4096, grid=8192) == 2
     assert gae_plan.register_cap(True, 4096, gae_plan.PUBLISH_ATOMIC, 16, 8, True) == gae_plan.WIDE_WINDOW_MAXNREG
@@ -410,49 +413,42 @@ def test_chunked_rows_with_last_value_and_no_truncations():
                           truncateds=None, bootstrap_values=None, last_value=last)
 
 
-def test_plan_covers_every_element_with_power_of_two_tiles():
-    assert plan(64, 256, True)[:3] == (1, 256, 1)  # tiny: one env row per program
-    # Env-major: whole rows up to 2048 steps (4096 from 128 envs), four elements per thread;
-    # longer rows in chunks of 1024.
-    assert plan(1, 2048, False) == (1, 2048, 1, 1, 16)
-    assert plan(16384, 1024, False) == (1, 1024, 1, 16384, 8)
-    assert plan(4096, 128, False) == (8, 128, 1, 512, 8)
-    assert plan(4096, 4096, False) == (1, 4096, 1, 4096, 16)
-    assert plan(16, 65536, False) == (1, 1024, 64, 1024, 4)
-    assert plan(64, 4096, False) == (1, 1024, 4, 256, 4)
-    # Time-major: from 8 envs and 128 steps, 4096-element tiles of 16 envs (8 if there are 8) on eight warps...
-    assert plan(4096, 128, True) == (16, 128, 1, 256, 8)
-    assert plan(16, 65536, True) == (16, 256, 256, 256, 8) and plan(8, 65536, True)[:2] == (8, 512)
-    # ... on four warps from 2048 programs (three programs per SM instead of two).
-    assert plan(16, 2047 * 256, True)[3:] == (2047, 8) and plan(16, 2048 * 256, True)[3:] == (2048, 4)
-    assert plan(16, 1 << 20, True) == (16, 256, 4096, 4096, 4) and plan(8, 1 << 20, True) == (8, 512, 2048, 2048, 4)
-    # ... but 32 x 64 on four warps from 1024 envs with rows longer than 128 steps; 256 steps of 2, 4
-    # or 5-7 envs (8 rows) on two warps (eight for 8 rows); 8 x 128 on one warp for shorter rows and
-    # 4 x 128 for 3 envs.
-    assert plan(16384, 1024, True) == (32, 64, 16, 8192, 4)
-    assert plan(1024, 1024, True)[:2] == (32, 64) and plan(1024, 128, True)[:2] == (16, 128)
-    assert plan(4, 131072, True) == (4, 256, 512, 512, 2) and plan(2, 1 << 20, True) == (2, 256, 4096, 4096, 2)
-    assert plan(5, 100_000, True) == (8, 256, 391, 391, 8) and plan(7, 1 << 20, True) == (8, 256, 4096, 4096, 8)
-    assert plan(3, 200_000, True) == (4, 128, 1563, 1563, 1) and plan(4096, 32, True)[:2] == (8, 32)
-    for num_envs, num_steps, time_major in itertools.product([1, 7, 4096, 1 << 16], [1, 33, 1 << 20], [False, True]):
+PLAN_SHAPES = [(n, t) for n in (1, 2, 3, 5, 7, 8, 16, 37, 64, 1000, 1024, 4096, 16384, 1 << 16)
+               for t in (1, 3, 33, 127, 128, 1000, 2048, 4096, 65536, 100_000, 1 << 20)]
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+def test_every_plan_covers_each_element_once_with_tiles_the_kernel_can_run(time_major):
+    # Invariants of every plan, not its tuning: power-of-two tiles no larger than the padded problem,
+    # chunks that cover each row with none empty, one program per tile, at most 4096 elements a tile
+    # (registers), no thread holding a copy of an element (Triton's scan leaves copies wrong), and a
+    # look-back layout that is safe wherever rows are chunked.
+    for num_envs, num_steps in PLAN_SHAPES:
         block_n, block_t, num_chunks, grid, num_warps = plan(num_envs, num_steps, time_major)
-        assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0
-        assert block_n * block_t <= 4096 and num_chunks * block_t >= num_steps
-        assert grid * block_n >= num_envs * num_chunks and num_warps in (1, 2, 4, 8, 16)
+        shape = (num_envs, num_steps, time_major)
+        assert block_n & (block_n - 1) == 0 and block_t & (block_t - 1) == 0, shape
+        assert block_n <= triton.next_power_of_2(num_envs) and block_t <= triton.next_power_of_2(num_steps), shape
+        assert (num_chunks - 1) * block_t < num_steps <= num_chunks * block_t, shape
+        assert grid == triton.cdiv(num_envs, block_n) * num_chunks, shape
+        assert block_n * block_t <= 4096 and num_warps in (1, 2, 4, 8, 16), shape
+        assert 32 * num_warps <= max(32, block_n * block_t), shape
+        assert num_chunks == 1 or look_back_layout_ok(block_n, num_warps), shape
+        if uses_quads(time_major, block_n, block_t, num_chunks, num_warps):
+            assert block_n * (block_t // 4) >= 32 * num_warps, shape  # the quarters fill the threads
+    # The rules the tuning table states: env-major rows this short are whole tiles; tiny time-major
+    # problems take one env row a program; no chunk is longer than max_block_t.
+    assert all(plan(n, t, False)[2] == 1 for n, t in PLAN_SHAPES if t <= gae_plan.WHOLE_ROW_STEPS)
+    assert all(plan(n, t, True)[0] == 1 for n, t in PLAN_SHAPES if n * t <= gae_plan.TINY_PROBLEM)
+    assert all(plan(n, t, time_major, 64)[1] <= 64 for n, t in PLAN_SHAPES)
 
 
 def test_narrow_time_major_rows_scan_quads():
-    # Chunked tiles of 2-7 envs, all as quads: on one warp for 3 envs, on two or eight for the rest.
-    for num_envs, warps in [(2, 2), (3, 1), (4, 2), (5, 8), (7, 8)]:
+    # Chunked tiles of 2-7 envs (long rows: shorter ones are tiny problems), all as quads.
+    for num_envs in range(2, 8):
         block_n, block_t, num_chunks, _, num_warps = plan(num_envs, 100_000, True)
-        assert num_chunks > 1 and num_warps == warps, num_envs
-        assert uses_quads(True, block_n, block_t, num_chunks, num_warps), num_envs
-    # A forced chunked one-warp 8-row tile scans whole (the 5-7 envs' plan until session 27):
+        assert num_chunks > 1 and uses_quads(True, block_n, block_t, num_chunks, num_warps), num_envs
+    # A forced chunked one-warp 8-row tile scans whole:
     assert not uses_quads(True, 8, 128, 782, 1)
-    # One env a tile (a strided [1, T] view: time-major with unit env stride) keeps 1 x 128 on one warp.
-    assert plan(1, 100_000, True) == (1, 128, 782, 782, 1)
-    # Chunks shortened for tests keep four elements a thread or more (no thread holds a copy).
-    assert plan(5, 100_000, True, 32)[::4] == (8, 2) and plan(2, 100_000, True, 16)[::4] == (2, 1)
     # chunked 3-env tiles (one padded row, steps 3 apart: no vector alignment) take them, and are right
     rollout = random_rollout(3, 300, density=0.05, time_major=True, device=DEVICE, seed=5)
     launch = GaeLaunch(launch_tensors(rollout), block=(4, 32))

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import summarize_results
 from torch.utils.tensorboard import SummaryWriter
 
 from tests.conftest import ROOT
 
-summarize_results = pytest.importorskip("summarize_results")
-
 
 def fake_run(path: Path, task: str, seed: int, final_return: float, budget: float = 10_000,
-             overrides: tuple[str, ...] = (), hardware: str = "test box", simulator: str | None = None) -> None:
-    """Ten iterations of 1000 steps: 20 episodes each, returns rising to `final_return`."""
+             overrides: tuple[str, ...] = (), hardware: str = "test box", simulator: str | None = None,
+             iteration: int = 1000) -> None:
+    """Ten iterations of `iteration` steps: 20 episodes each, returns rising to `final_return`."""
     path.mkdir(parents=True)
     info = {"env_id": task, "seed": seed, "hardware": hardware}
     if simulator is not None:
@@ -28,7 +28,7 @@ def fake_run(path: Path, task: str, seed: int, final_return: float, budget: floa
     (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in (*overrides, f"seed={seed}")))
     writer = SummaryWriter(str(path))
     for i in range(1, 11):
-        step = i * 1000
+        step = i * iteration
         writer.add_scalar("charts/episodic_return", final_return * i / 10, step)
         writer.add_scalar("charts/episodes", 20, step)
         writer.add_scalar("charts/SPS", 1000.0, step)
@@ -56,6 +56,33 @@ def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
     assert rows["Hopper-v4"]["hardware"] == "test box"
     assert (out / "results" / "Hopper-v4_10000.png").stat().st_size > 1000
     assert "| Hopper-v4 | 10,000 | 2 | 120.0 | 40.0 |" in (out / "results.md").read_text()
+
+
+def test_the_page_is_rebuilt_from_its_csv_keeping_the_notes_written_by_hand(tmp_path):
+    for seed, final in ((1, 100.0), (2, 200.0)):
+        fake_run(tmp_path / "runs" / f"hopper{seed}", "Hopper-v4", seed, final, budget=1e6, iteration=100_000)
+    out = tmp_path / "docs"
+    script = [sys.executable, str(ROOT / "scripts" / "summarize_results.py")]
+    subprocess.run([*script, str(tmp_path / "runs"), "--out", str(out)], check=True, capture_output=True)
+    page = out / "results.md"
+    generated = page.read_text()
+    notes = f"{summarize_results.NOTES_START}\nHow these ran: on a test box.\n{summarize_results.NOTES_END}"
+    table_end = generated.index("\n\n![")
+    page.write_text(generated[:table_end] + "\n\n" + notes + generated[table_end:])
+    rows = (out / "results" / "baselines.csv").read_text()
+    with_notes = page.read_text()
+    (out / "results" / "curves.png").unlink()
+    result = subprocess.run([*script, "--rows", str(out / "results" / "baselines.csv")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    # The same table from the CSV alone, the notes kept, the overview picture drawn again from the plots.
+    assert page.read_text() == with_notes and (out / "results" / "baselines.csv").read_text() == rows
+    assert "| Hopper-v4 | 1,000,000 | 2 | 120.0 | 40.0 |" in with_notes and "test box" in with_notes
+    assert (out / "results" / "curves.png").stat().st_size > 1000
+    # Runs again: the notes survive a rewrite from runs too.
+    subprocess.run([*script, str(tmp_path / "runs"), "--out", str(out)], check=True, capture_output=True)
+    assert notes in page.read_text()
+    neither = subprocess.run(script, capture_output=True, text=True)
+    assert neither.returncode == 2 and "--rows" in neither.stderr
 
 
 def test_the_summary_is_written_beside_the_runs_and_leaves_the_projects_own_alone(tmp_path):
@@ -213,7 +240,7 @@ def test_reproduction_refuses_bad_arguments_before_any_job(tmp_path, args, messa
 
 
 def test_a_failed_reproduction_job_stops_the_rest_with_one_line(tmp_path, monkeypatch):
-    reproduce_baselines = pytest.importorskip("reproduce_baselines")
+    import reproduce_baselines
     ran = []
 
     def fails(command, cwd):

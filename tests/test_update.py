@@ -166,16 +166,20 @@ def test_compiled_loss_matches_eager(side_by_side):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def run_updates(device: torch.device, graphs: bool, settings: PPOSettings) -> tuple[list, list]:
-    """Three updates on changing buffer contents and learning rates; parameters and stats after each."""
+def run_updates(device: torch.device, graphs: bool, settings: PPOSettings, plain: bool = False) -> tuple[list, list]:
+    """Three updates on changing buffer contents and learning rates; parameters and stats after each.
+    By `Updater`, or with `plain`, by calling `ppo_update` itself."""
     from ppo.normalize import ValueNormalizer
-    from ppo.update import Updater, current_learning_rate, make_optimizer, set_learning_rate
+    from ppo.update import Updater, current_learning_rate, make_optimizer, ppo_update, set_learning_rate
 
     torch.manual_seed(0)
     normalizer = ValueNormalizer(device, settings.normalize_values)
     agent = Agent(5, 2, value_normalizer=normalizer).to(device)
     optimizer = make_optimizer(agent, settings, device, graphs)
     updater = Updater(agent, optimizer, settings, graphs)
+    if plain:
+        def updater(buffer, generator):
+            return ppo_update(agent, optimizer, buffer, settings, generator)
     generator = torch.Generator(device).manual_seed(3)
     buffer = filled_buffer(0, device=device)
     parameters, stats = [], []
@@ -206,12 +210,14 @@ def assert_same_updates(got: tuple[list, list], want: tuple[list, list], param_a
 
 @pytest.mark.parametrize("normalize_values", [False, True])
 def test_updater_without_graphs_is_ppo_update(normalize_values):
-    # The CPU path: the Updater is the plain loop, and set_learning_rate sets float rates.
+    # The CPU path: the Updater runs the plain loop itself, bit for bit, and set_learning_rate sets
+    # float rates that reach it.
     settings = PPOSettings(num_minibatches=4, update_epochs=2, normalize_values=normalize_values)
     params_a, stats_a = run_updates(torch.device("cpu"), False, settings)
-    params_b, stats_b = run_updates(torch.device("cpu"), False, settings)
-    for a, b in zip(params_a[-1] + stats_a, params_b[-1] + stats_b, strict=True):
-        torch.testing.assert_close(a, b)
+    params_b, stats_b = run_updates(torch.device("cpu"), False, settings, plain=True)
+    for got, want in zip(params_a + stats_a, params_b + stats_b, strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
     assert not torch.equal(params_a[0][0], params_a[-1][0]), "the updates did not train"
 
 
