@@ -94,7 +94,7 @@ class Agent(nn.Module):
         critic's one output row padded to the actor's width. The same parameters and math; on a GPU
         the minibatch step is launch-bound, and this halves its matrix products (on an H200: GPU
         time per compiled step 101 -> 81 us). On a CPU it is slower, eager or
-        compiled (the stacking costs more than it saves there), so train.py uses it for the compiled
+        compiled (the stacking costs more than it saves there), so ppo.trainer uses it for the compiled
         loss on CUDA only."""
         pairs = list(zip(self.actor_mean, self.critic, strict=True))
         first, *middle, (actor_out, critic_out) = [(a, c) for a, c in pairs if isinstance(a, nn.Linear)]

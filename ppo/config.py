@@ -1,5 +1,5 @@
-"""Typed, validated run settings. `train.py` builds them from the composed Hydra config; nothing
-below `train.py` imports Hydra or omegaconf."""
+"""Typed, validated run settings. `hydra_edge.py` builds them from the composed Hydra config; nothing
+below `train.py` and it imports Hydra or omegaconf."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ class TrainSettings:
     total_timesteps: int = 1_000_000
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     resume: str | None = None
-    torch_threads: int = 0  # 0: one (see train.py)
+    torch_threads: int = 0  # 0: one (see ppo.trainer)
     log_every_s: float = 2.0  # console progress line at most this often
     env: EnvSettings = field(default_factory=EnvSettings)
     ppo: PPOSettings = field(default_factory=PPOSettings)

@@ -106,7 +106,7 @@ class RunLogger:
 
 
 def final_step(start_step: int, total_timesteps: int, steps_per_iteration: int) -> int:
-    """Where training stops (train.py's loop runs to it): whole iterations while the count is below
+    """Where training stops (ppo.trainer's loop runs to it): whole iterations while the count is below
     `total_timesteps`, so it may end past it, by at most one iteration less one step."""
     iterations = max(-(-(total_timesteps - start_step) // steps_per_iteration), 0)  # ceil, none if already there
     return start_step + iterations * steps_per_iteration

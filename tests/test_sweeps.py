@@ -22,7 +22,7 @@ def tiny_without(*keys: str) -> list[str]:
 
 
 def search_refused(failed: int, corners: int) -> str:
-    """The first line of an Optuna search's refusal, which says what it tried (train.search_space_corners)."""
+    """The first line of an Optuna search's refusal, which says what it tried (hydra_edge.search_space_corners)."""
     return (f"error: {failed} of {corners} corners of this search space (each choice, each integer of a short range, "
             "the ends of others, a value inside a float range) fail their checks, so no trial was started:")
 
