@@ -77,9 +77,10 @@ def command_line_keys() -> frozenset[str]:
     return frozenset(map(run_records.override_key, HydraConfig.get().overrides.task))
 
 
-def claim_run_dir(run_dir: str) -> None:
-    """Lock the run dir for this process (`ppo.run_dir.claim`), or exit with one line: 2 where it cannot
-    be made or opened (Hydra's own mkdir would raise a traceback), 1 where another run trains there. The
+def claim_run_dir(run_dir: str, resume: str | None) -> None:
+    """Lock the run dir for this process (`ppo.run_dir.claim`), or exit with one line: 1 where another
+    run trains there; 2 where it cannot be made or opened (Hydra's own mkdir would raise a traceback) or
+    holds another run's checkpoint that this command does not resume (`check_not_another_runs`). The
     refused run exits without touching the dir: even one that holds nothing but `.hydra/` yet is the
     other run's."""
     try:
@@ -90,13 +91,19 @@ def claim_run_dir(run_dir: str) -> None:
     except OSError as error:
         print(f"error: run dir {run_dir} cannot be made or opened: {error.strerror} (hydra.run.dir)", file=sys.stderr)
         sys.exit(2)
+    try:
+        run_records.check_not_another_runs(run_dir, resume)
+    except run_records.AnotherRunsDir as error:
+        run_records.release(run_dir)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 @contextlib.contextmanager
-def run_dir_claimed(run_dir: str) -> Iterator[None]:
+def run_dir_claimed(run_dir: str, resume: str | None) -> Iterator[None]:
     """Hold the run dir's lock while this process trains into it. A single run has claimed it already,
     in `RunDirLock`; a sweep's job claims its own here, and lets it go when done."""
-    claim_run_dir(run_dir)
+    claim_run_dir(run_dir, resume)
     try:
         yield
     finally:
@@ -185,7 +192,8 @@ class RunDirLock(Callback):
             print(f"error: hydra.run.dir={OmegaConf.to_container(config.hydra.run)['dir']} does not resolve: "
                   f"{str(error).splitlines()[0]}", file=sys.stderr)
             sys.exit(2)
-        claim_run_dir(str(run_dir))
+        resume = OmegaConf.select(config, "resume", default=None)  # the settings' checks come later
+        claim_run_dir(str(run_dir), None if resume is None else str(resume))
 
 
 def sweep_arguments(config: DictConfig) -> list[str]:

@@ -32,7 +32,7 @@ def main(cfg: DictConfig) -> float:
         refuse(f"error: {error}", 2)
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        with run_dir_claimed(run_dir):
+        with run_dir_claimed(run_dir, settings.resume):
             objective = train(settings, run_dir, device, command_line_keys())
     except ConfigError as error:  # raised before training starts (a resume that does not fit)
         refuse(f"error: {error}", 1)

@@ -62,14 +62,36 @@ def restore_training_state(checkpoint: dict[str, Any], agent: torch.nn.Module, o
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
-    """Write `state` to `<run_dir>/checkpoints/last.pt` so that a crash never leaves a torn file."""
+    """Write `state` to `<run_dir>/checkpoints/last.pt` so that neither a crash nor a power cut leaves a
+    torn file: written to a temporary file, flushed to disk, renamed over the last one, and the rename
+    flushed too (without the two fsyncs a power cut after the rename can leave an empty `last.pt`)."""
     directory = Path(run_dir) / CHECKPOINT_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LAST
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(directory)
     return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync a directory: the rename is as durable as it allows
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporary(run_dir: str | Path) -> None:
+    """Remove the temporary file a crash in the middle of `save_checkpoint` left (`last.pt` itself is
+    whole: the rename never happened)."""
+    (Path(run_dir) / CHECKPOINT_DIR / LAST).with_suffix(".tmp").unlink(missing_ok=True)
 
 
 def resolve_checkpoint(location: str) -> Path:

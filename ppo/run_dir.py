@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from ppo import distributed
-from ppo.checkpoint import resolve_checkpoint
+from ppo.checkpoint import CHECKPOINT_DIR, LAST, remove_stale_temporary, resolve_checkpoint
 from ppo.config import ConfigError, TrainSettings, learning_differences
 from ppo.envs import env_groups, simulator_version
 
@@ -28,6 +28,10 @@ RUN_INFO = "run_info.json"
 
 class RunDirInUse(RuntimeError):
     """Another process trains in the run dir this one was sent to."""
+
+
+class AnotherRunsDir(RuntimeError):
+    """The run dir holds a checkpoint of another run, which this one does not resume."""
 
 
 _claimed: dict[str, int] = {}  # run dir (absolute) -> the descriptor through which this process locks it
@@ -50,6 +54,27 @@ def claim(run_dir: str) -> None:
                           "started in the same second get the same dir); give this one its own: "
                           f"hydra.run.dir={shlex.quote(run_dir + '_2')}")
     _claimed[run_dir] = fd
+
+
+def check_not_another_runs(run_dir: str, resume: str | None) -> None:
+    """Refuse a run sent into a dir that holds a checkpoint it does not resume: it would overwrite that
+    checkpoint, `run_info.json` and Hydra's record, and mix its logs and events with the other run's. A
+    resume in place (`resume=` naming this dir or its checkpoint) is that run's own continuation, and
+    clears what a crash mid-save left there. Raises `AnotherRunsDir` naming both ways on."""
+    last = Path(run_dir) / CHECKPOINT_DIR / LAST
+    if not last.is_file():
+        return
+    if resume:
+        try:
+            if resolve_checkpoint(resume).resolve() == last.resolve():
+                remove_stale_temporary(run_dir)
+                return
+        except FileNotFoundError:
+            pass  # said by the resume's own check
+    run_dir = os.path.abspath(run_dir)
+    raise AnotherRunsDir(f"run dir {run_dir} holds another run's checkpoint, which this run would overwrite; to "
+                      f"continue that run add resume={shlex.quote(run_dir)}, to start a new one give it its own: "
+                      f"hydra.run.dir={shlex.quote(run_dir + '_2')}")
 
 
 def release(run_dir: str) -> None:

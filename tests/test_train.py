@@ -562,6 +562,42 @@ def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- env=Hopper-v4\n"
 
 
+def test_a_run_sent_into_a_finished_runs_dir_is_refused_unless_it_resumes_it(tmp_path):
+    common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
+              "ppo.update_epochs=1", "device=cpu", f"hydra.run.dir={tmp_path}"]
+    first = run_train(*common, "total_timesteps=256", timeout=120)
+    assert first.returncode == 0, first.stderr
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    # A fresh run there (the in-place form without resume=) would overwrite the other run's checkpoint,
+    # run_info.json and .hydra/, and add to its train.log and events: refused, nothing touched.
+    for extra in ([], [f"resume={ROOT / 'README.md'}"]):
+        second = run_train(*common, "total_timesteps=512", *extra, timeout=120)
+        assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+        assert second.stderr.startswith(f"error: run dir {tmp_path} holds another run's checkpoint")
+        assert f"resume={tmp_path}" in second.stderr and f"hydra.run.dir={tmp_path}_2" in second.stderr
+        assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+    # Resumed in place, it continues, and clears the temporary file a crash mid-save would leave.
+    stray = tmp_path / "checkpoints" / "last.tmp"
+    stray.write_bytes(b"cut short")
+    third = run_train(*common, "total_timesteps=512", f"resume={tmp_path}", timeout=120)
+    assert third.returncode == 0 and "finished at step 512" in third.stdout, third.stderr
+    assert not stray.exists()
+
+
+def test_checkpoints_are_flushed_to_disk_before_and_after_the_rename(tmp_path, monkeypatch):
+    import os
+
+    import ppo.checkpoint
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(ppo.checkpoint.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+                        or real_fsync(fd))
+    path = ppo.checkpoint.save_checkpoint(tmp_path, {"x": torch.zeros(3)})
+    assert synced == [str(path.with_suffix(".tmp")), str(path.parent)]
+    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(3))
+
+
 def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     # As when two runs of one env and seed start in the same second: both get the same default dir.
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
