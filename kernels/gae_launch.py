@@ -144,7 +144,7 @@ class GaeLaunch:
         # only such a kernel can run inline PTX.
         if nvidia is None:
             nvidia = self.device.type == "cuda" and not INTERPRET and torch.version.hip is None
-        self.plan = plan = plan_launch(tensors, self.device, nvidia, **options)
+        plan = plan_launch(tensors, self.device, nvidia, **options)
         self.grid, self.num_warps, self.maxnreg, self.pdl = plan.grid, plan.num_warps, plan.maxnreg, plan.pdl
         self.chunked, self.state_words, self.constexprs = plan.chunked, plan.state_words, plan.constexprs
         # Which of the call's eight tensors fills each of the kernel's first eight pointer slots:
