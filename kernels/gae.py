@@ -56,7 +56,7 @@ def compute_gae(
         last_value: `[N]`, `V(s_T)`: shorthand for `bootstrap_values[:, -1]` when there are no
             interior truncations. With neither this nor `bootstrap_values`, `V(s_T) = 0`.
         advantages, returns: optional `[N, T]` outputs (dtype of `values`, any strides), written
-            in place.
+            in place. Neither may share a byte with an input, the other output or itself.
 
     Any strides work: a time-major `[T, N]` buffer passed as `buf.rewards.T` is read in place.
     Returns `(advantages, returns)`, with `A_T = 0` and `returns = advantages + values`.
@@ -68,44 +68,95 @@ def compute_gae(
         advantages = torch.empty_like(values) if advantages is None else advantages
         returns = torch.empty_like(values) if returns is None else returns
     tensors = (rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns)
-    signature, run = _lookup(tensors)
+    signature, entry = _lookup(tensors)
     plain_scalars = type(gamma) is float and type(lam) is float and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0
-    if run is None or not plain_scalars:
+    if entry is None or not plain_scalars:
         gamma, lam = _check_thoroughly(tensors, gamma, lam)
-        if run is None:
-            run = _plan(tensors)
+        if entry is None:
+            entry = (_plan(tensors), _spans(tensors), set())
             if signature is not None:
                 if len(_runs) >= _MAX_RUNS:
                     _runs.clear()
-                _runs[signature] = run
+                _runs[signature] = entry
+    run, spans, apart = entry
     if run is _nothing:  # no elements
         return advantages, returns
-    # What the signature cannot say: whether an output shares its first element with an input or
-    # the other output (a kernel reading values[t+1] after another program wrote there would be
-    # silently wrong). That catches the usual mistake, passing an input as an output.
+    # What the signature cannot say: whether an output overlaps an input or the other output (a
+    # kernel reading values[t+1] after another program wrote there would be silently wrong). The
+    # address ranges decide it for separate tensors, an exact check for views of one storage; a
+    # training loop's buffers pass once, then are found among the addresses known to be apart.
     pointers = [0 if x is None else x.data_ptr() for x in tensors]
-    inputs_at = pointers[:6]
-    if pointers[6] in inputs_at or pointers[7] in inputs_at or pointers[6] == pointers[7]:
-        _check_thoroughly(tensors, gamma, lam)  # raises, naming the output
-        raise ValueError("compute_gae: an output shares memory with an input or the other output")  # not reached
+    addresses = tuple(pointers)
+    if addresses not in apart:
+        if _ranges_meet(pointers, spans):
+            _check_outputs_apart(tensors)
+        if len(apart) >= _MAX_RUNS:
+            apart.clear()
+        apart.add(addresses)
     if _CORRECTNESS_CHECKS:
         check_flags_and_bootstrap(terminateds, truncateds, bootstrap_values)
     run(tensors, pointers, gamma, lam)
     return advantages, returns
 
 
-# What runs each validated call signature: every tensor's dtype, shape, strides and device (None
-# for an absent one). Those fix all that the checks of `_check_thoroughly` look at except the
-# scalars and the outputs' addresses, which every call checks, so a call with a known signature
-# skips them; they cost about as much as the kernel launch itself. For the Triton path the entry
-# is also the launch's plan (`GaeLaunch`), so a training loop plans once.
-_runs: dict[tuple, Callable] = {}
+# What runs each validated call signature (every tensor's dtype, shape, strides and device, None
+# for an absent one), each tensor's span in bytes, and the sets of addresses found apart with it.
+# Those fix all that the checks of `_check_thoroughly` look at except the scalars and the
+# addresses, which every call checks, so a call with a known signature skips them; they cost about
+# as much as the kernel launch itself. For the Triton path the run is also the launch's plan
+# (`GaeLaunch`), so a training loop plans once.
+_runs: dict[tuple, tuple[Callable, list[int], set[tuple]]] = {}
 _MAX_RUNS = 1024
+NAMES = ("rewards", "values", "terminateds", "truncateds", "bootstrap_values", "last_value", "advantages", "returns")
 
 
-def _lookup(tensors: tuple) -> tuple[tuple | None, Callable | None]:
-    """`(signature, what runs it)`: the run is None for a signature not seen yet, and the signature
-    is None when an argument is not a tensor (the checks then say which)."""
+def _spans(tensors: tuple) -> list[int]:
+    """Bytes from each tensor's first element to the end of its last (0 for an absent one)."""
+    return [0 if x is None else x.element_size() * (1 + sum(st * (n - 1) for n, st in _dims(x))) for x in tensors]
+
+
+def _dims(x: torch.Tensor) -> zip:
+    """`(size, stride)` of each dimension of `x`."""
+    return zip(x.shape, x.stride(), strict=True)
+
+
+def _ranges_meet(pointers: list[int], spans: list[int]) -> bool:
+    """Whether either output's address range meets another tensor's."""
+    adv, ret = pointers[6], pointers[7]
+    adv_end, ret_end = adv + spans[6], ret + spans[7]
+    if adv < ret_end and ret < adv_end:
+        return True
+    for at, span in zip(pointers[:6], spans[:6], strict=True):
+        if span and ((at < adv_end and adv < at + span) or (at < ret_end and ret < at + span)):
+            return True
+    return False
+
+
+def _check_outputs_apart(tensors: tuple) -> None:
+    """Raise `ValueError` naming the first output that shares a byte with an input or the other
+    output. Exact (every element's bytes), so it runs only where address ranges meet."""
+    advantages = _bytes(tensors[6])
+    for name, out in (("advantages", advantages), ("returns", _bytes(tensors[7]))):
+        for other, x in zip(NAMES[:6], tensors[:6], strict=True):
+            if x is not None and torch.isin(out, _bytes(x)).any():
+                raise ValueError(
+                    f"compute_gae: `{name}` must not share memory with an input; it overlaps `{other}`")
+    if torch.isin(advantages, _bytes(tensors[7])).any():
+        raise ValueError("compute_gae: `advantages` and `returns` must not share memory; they overlap")
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """The address of every byte of `x`'s elements, on the CPU (computed from its strides, not read)."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in _dims(x):
+        offsets = offsets[..., None] + torch.arange(size, dtype=torch.int64) * stride
+    size = x.element_size()
+    return (x.data_ptr() + offsets.reshape(-1, 1) * size + torch.arange(size, dtype=torch.int64)).reshape(-1)
+
+
+def _lookup(tensors: tuple) -> tuple[tuple | None, tuple[Callable, list[int], set[tuple]] | None]:
+    """`(signature, its entry in `_runs`)`: the entry is None for a signature not seen yet, and the
+    signature is None when an argument is not a tensor (the checks then say which)."""
     try:
         signature = tuple([None if x is None else (x.dtype, x.shape, x.stride(), x.device) for x in tensors])
         return signature, _runs.get(signature)
@@ -159,8 +210,9 @@ def _check_thoroughly(tensors: tuple, gamma: object, lam: object) -> tuple[float
     """Every check, run for a new signature or unusual scalars: say what the problem is, or return
     `gamma` and `lam` as floats when there is none (an int or numpy `gamma` takes this path)."""
     rewards, values, terminateds, truncateds, bootstrap_values, last_value, advantages, returns = tensors
-    inputs = tensors[:6]
     _check_tensor("values", values)
+    if values.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"compute_gae: runs on CPU and CUDA tensors; `values` is on {values.device}")
     if values.dim() != 2:
         raise ValueError(f"compute_gae: `values` must be 2-D [num_envs, seq_len], got shape {tuple(values.shape)}")
     shape, device, dtype = values.shape, values.device, values.dtype
@@ -194,12 +246,24 @@ def _check_thoroughly(tensors: tuple, gamma: object, lam: object) -> tuple[float
         _check_like(name, out, shape, device, dtype)
         if 0 in out.stride() and out.numel() > 1:
             raise ValueError(f"compute_gae: `{name}` has a zero stride (an expanded view); it must own its elements")
-        if out.numel() > 0 and any(x is not None and x.data_ptr() == out.data_ptr() for x in inputs):
-            raise ValueError(f"compute_gae: `{name}` must not share memory with an input")
-    if advantages is not None and returns is not None and advantages.numel() > 0:
-        if advantages.data_ptr() == returns.data_ptr():
-            raise ValueError("compute_gae: `advantages` and `returns` must not share memory")
+        if not _elements_apart(out):
+            raise ValueError(
+                f"compute_gae: `{name}` overlaps itself (strides {out.stride()} for shape {tuple(out.shape)}); "
+                "it must own its elements, as torch.empty_like(values) does"
+            )
     return gamma, lam
+
+
+def _elements_apart(x: torch.Tensor) -> bool:
+    """Whether no two elements of `x` share memory, proved from its strides: each dimension of
+    more than one element must step past everything the dimensions of smaller stride span. (A
+    layout that interleaves its rows without overlapping fails this too, and is refused.)"""
+    spanned = 0
+    for stride, size in sorted((st, n) for n, st in _dims(x) if n > 1):
+        if stride <= spanned:
+            return False
+        spanned += stride * (size - 1)
+    return True
 
 
 def _check_tensor(name: str, x: object) -> None:

@@ -31,10 +31,17 @@ BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE,
 
 
 @triton.jit
+def _times(beta, x):
+    # beta * x, but 0 where beta is 0: a done step cuts its episode from the steps after it, and a
+    # non-finite value there must stay there (0 * inf is NaN). Every composition goes through this.
+    return tl.where(beta == 0.0, 0.0, beta * x)
+
+
+@triton.jit
 def _compose(alpha_later, beta_later, alpha, beta):
     # Reverse scan: the accumulator is the map of the later steps, g = f_{t+1} o ... ;
     # the current step's map goes outside: f_t(g(x)) = alpha + beta * (alpha_g + beta_g * x).
-    return alpha + beta * alpha_later, beta * beta_later
+    return alpha + _times(beta, alpha_later), beta * beta_later
 
 
 @triton.jit
@@ -42,8 +49,8 @@ def _compose_with_rest(alpha_later, beta_later, rest_alpha_later, rest_beta_late
     # A run of steps as two maps: the whole run, and the run without its first step (the identity
     # for a single step). Followed by a later run, the first becomes the composition of both, the
     # second the current run's rest followed by the whole later run.
-    return (alpha + beta * alpha_later, beta * beta_later,
-            rest_alpha + rest_beta * alpha_later, rest_beta * beta_later)
+    return (alpha + _times(beta, alpha_later), beta * beta_later,
+            rest_alpha + _times(rest_beta, alpha_later), rest_beta * beta_later)
 
 
 @triton.jit
@@ -246,7 +253,7 @@ def _step_terms(
 @triton.jit
 def _then(alpha, beta, next_alpha, next_beta):
     # The map f o g of a step f = (alpha, beta) followed by g = (next_alpha, next_beta).
-    return alpha + beta * next_alpha, beta * next_beta
+    return alpha + _times(beta, next_alpha), beta * next_beta
 
 
 @triton.jit
@@ -285,8 +292,8 @@ def _walk_word(word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_be
     has_inclusive = ready & (status == _START)
     has_aggregate = ready & (status != _START)
     later_beta = tl.where(status == _CUT, 0.0, chunk_beta)
-    carry = tl.where(has_inclusive, acc_alpha + acc_beta * _low_float(word), carry)
-    acc_alpha = tl.where(has_aggregate, acc_alpha + acc_beta * _low_float(word), acc_alpha)
+    carry = tl.where(has_inclusive, acc_alpha + _times(acc_beta, _low_float(word)), carry)
+    acc_alpha = tl.where(has_aggregate, acc_alpha + _times(acc_beta, _low_float(word)), acc_alpha)
     acc_beta = tl.where(has_aggregate, acc_beta * later_beta, acc_beta)
     j = tl.where(has_aggregate, j + 1, j)
     resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
@@ -362,7 +369,7 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
                     word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_beta, j, pending, going)
     if not PUBLISH_COLUMN:
         if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
-            tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha + agg_beta * carry) | _tag(epoch, _START),
+            tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha + _times(agg_beta, carry)) | _tag(epoch, _START),
                            mask=row_ok, sem="relaxed")
     return carry
 
@@ -430,7 +437,7 @@ def gae_kernel(
             carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe,
                                _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
                                PUBLISH_COLUMN)
-            alpha = alpha + beta * carry[:, None]
+            alpha = alpha + _times(beta, carry[:, None])
             if PUBLISH_COLUMN:
                 _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, BLOCK_N, BLOCK_T,
                                INCLUSIVE_EVERY, PUBLISH_COLUMN)
@@ -505,7 +512,8 @@ def _quad_tile(
         carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe,
                            _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, NUM_QUADS, WINDOW, INCLUSIVE_EVERY,
                            PUBLISH_COLUMN)[:, None]
-        d0, d1, d2, d3 = d0 + b0 * carry, d1 + b1 * carry, d2 + b2 * carry, d3 + b3 * carry
+        d0, d1, d2, d3 = (d0 + _times(b0, carry), d1 + _times(b1, carry), d2 + _times(b2, carry),
+                          d3 + _times(b3, carry))
         if PUBLISH_COLUMN:
             _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, BLOCK_N, NUM_QUADS,
                            INCLUSIVE_EVERY, PUBLISH_COLUMN)

@@ -50,9 +50,12 @@ def gae_reference(
 
     deltas = rewards.to(dtype) + gamma * next_values - values
     decays = (~done).to(dtype) * (gamma * lam)
+    # A zero decay cuts the chain: `where`, so that a non-finite advantage after a done step stays
+    # in its own episode (0 * inf is NaN).
+    cuts = decays == 0
 
     advantage = torch.zeros(rewards.shape[0], dtype=dtype, device=values.device)  # A_T = 0
     for t in range(num_steps - 1, -1, -1):
-        advantage = deltas[:, t] + decays[:, t] * advantage
+        advantage = torch.where(cuts[:, t], deltas[:, t], deltas[:, t] + decays[:, t] * advantage)
         advantages[:, t] = advantage
     returns.copy_(advantages + values)

@@ -322,7 +322,7 @@ def eager_times(ours, x: dict[str, torch.Tensor], calls: int, device_calls: int,
     cannot favour one. NaN where the call launches eagerly anyway (graphs off)."""
     tensors = (x["rewards"], x["values"], x["terminateds"], x["truncateds"], x["bootstrap_values"], None,
                x["advantages"], x["returns"])
-    launch = gae_module._runs.get(gae_module._lookup(tensors)[0])
+    launch = gae_module._runs.get(gae_module._lookup(tensors)[0], (None,))[0]
     graphs = getattr(launch, "graphs", None)
     if not graphs:
         nan = float("nan")

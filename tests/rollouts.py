@@ -69,3 +69,37 @@ def oracle(
     gae_reference(f64("rewards"), values, flags("terminateds"), flags("truncateds"), f64("bootstrap_values"),
                   f64("last_value"), gamma, lam, advantages, returns)
     return advantages, returns
+
+
+NON_FINITE_KINDS = ("nan_reward", "inf_reward", "inf_value", "-inf_value", "inf_bootstrap")
+
+
+def poison_one_step_per_row(rollout: dict[str, torch.Tensor], seed: int = 0) -> torch.Tensor:
+    """Write a non-finite number into each row that has an episode boundary, at a random step after
+    its first one (the kinds of `NON_FINITE_KINDS` in turn), in place. Returns the `[N, T]` mask of
+    the steps whose advantage depends on it: from the start of its episode segment (the step after
+    the last done step before it) through the poisoned step."""
+    g = torch.Generator().manual_seed(seed)
+    done = (rollout["terminateds"] != 0) | (rollout["truncateds"] != 0)
+    num_envs, num_steps = done.shape
+    affected = torch.zeros(num_envs, num_steps, dtype=torch.bool)
+    for row in range(num_envs):
+        boundaries = done[row].nonzero().flatten().tolist()
+        if not boundaries or boundaries[0] == num_steps - 1:
+            continue
+        kind = NON_FINITE_KINDS[row % len(NON_FINITE_KINDS)]
+        if kind == "inf_bootstrap":  # at a truncation after the first boundary, or in the last column
+            candidates = [t for t in (rollout["truncateds"][row] != 0).nonzero().flatten().tolist()
+                          if t > boundaries[0]]
+            step = candidates[0] if candidates else num_steps - 1
+            if rollout["terminateds"][row, step] != 0:
+                continue  # a terminal last column reads no bootstrap value
+            rollout["bootstrap_values"][row, step] = float("inf")
+        else:
+            step = int(torch.randint(boundaries[0] + 1, num_steps, (1,), generator=g))
+            name, number = {"nan_reward": ("rewards", "nan"), "inf_reward": ("rewards", "inf"),
+                            "inf_value": ("values", "inf"), "-inf_value": ("values", "-inf")}[kind]
+            rollout[name][row, step] = float(number)
+        start = max(t for t in boundaries if t < step) + 1
+        affected[row, start:step + 1] = True
+    return affected

@@ -6,6 +6,7 @@ import torch
 
 import kernels.gae
 from kernels import compute_gae
+from tests.rollouts import poison_one_step_per_row, random_rollout
 
 
 @pytest.fixture(params=["reference", "kernel"])
@@ -128,3 +129,19 @@ def test_empty_rollout_returns_empty_outputs(device):
     r = torch.zeros(3, 0, device=device)
     adv, ret = compute_gae(r, r.clone(), torch.zeros(3, 0, dtype=torch.bool, device=device))
     assert adv.shape == ret.shape == (3, 0)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+@pytest.mark.parametrize("num_envs,num_steps", [(10, 40), (5, 300)])
+def test_a_non_finite_number_stays_in_its_own_episode(device, num_envs, num_steps):
+    # A done step multiplies the advantage after it by 0, and 0 * inf is NaN: the chain must be cut
+    # by a select, or a NaN reward late in a rollout poisons every step before it.
+    clean = random_rollout(num_envs, num_steps, density=0.05, seed=num_steps, device=device)
+    expected_adv, expected_ret = compute_gae(**clean, gamma=0.99, lam=0.95)
+    poisoned = {k: v.clone() for k, v in clean.items()}
+    affected = poison_one_step_per_row(poisoned, seed=num_envs).to(device)
+    assert affected.any(dim=1).sum() >= num_envs // 2, "most rows must carry a poisoned step"
+    adv, ret = compute_gae(**poisoned, gamma=0.99, lam=0.95)
+    assert not torch.isfinite(adv[affected]).any()
+    torch.testing.assert_close(adv[~affected], expected_adv[~affected])
+    torch.testing.assert_close(ret[~affected], expected_ret[~affected])

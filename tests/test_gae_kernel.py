@@ -18,7 +18,7 @@ from kernels import compute_gae, gae_kernel, gae_launch, gae_plan
 from kernels.gae_launch import GaeLaunch, launch_gae
 from kernels.gae_plan import look_back_layout_ok, look_back_window, plan, uses_quads
 from tests.conftest import ROOT
-from tests.rollouts import oracle, poisoned_like, random_rollout
+from tests.rollouts import oracle, poison_one_step_per_row, poisoned_like, random_rollout
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {"rtol": 1e-5, "atol": 1e-4}
@@ -849,3 +849,32 @@ def test_aligned_but_not_16_divisible_strides_match_reference(num_envs, num_step
     outputs = (wide(), wide())
     assert gae_plan.alignment(launch_tensors(rollout, outputs), time_major)[1] == 2
     assert_matches_oracle(rollout, launch_options={"block": block}, outputs=outputs)
+
+
+NON_FINITE_LAUNCHES = {
+    "planned": None,
+    "chunked_walks": {"max_block_t": 4, "window": 4, "inclusive_every": 1 << 20},
+    "chunked_published_column": {"block": (4, 8), "window": 2, "publish_column": True, "inclusive_every": 3},
+    "quads_gather": {"block": (8, 16), "quads": True, "rest_scan": False, "inclusive_every": 3},
+    "quads_rest_scan": {"block": (8, 16), "quads": True, "rest_scan": True, "probe": True},
+}
+
+
+@pytest.mark.parametrize("time_major", [False, True], ids=["env_major", "time_major"])
+@pytest.mark.parametrize("launch", list(NON_FINITE_LAUNCHES))
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_a_non_finite_number_stays_in_its_own_episode_on_every_path(launch, time_major):
+    # Inside a tile's scan, in a quad's registers, across chunks through the look-back and the carry:
+    # a done step cuts the chain by a select wherever maps compose (0 * inf would be NaN).
+    options = NON_FINITE_LAUNCHES[launch]
+    if options and options.get("quads") and not time_major:
+        pytest.skip("quads are time-major tiles")
+    clean = random_rollout(11, 77, density=0.05, time_major=time_major, device=DEVICE, seed=77)
+    expected_adv, expected_ret = oracle(clean, 0.99, 0.95)
+    poisoned = {k: v.clone() for k, v in clean.items()}
+    affected = poison_one_step_per_row(poisoned, seed=3)
+    assert affected.any(dim=1).sum() >= 8
+    adv, ret = (x.cpu().double() for x in run_kernel(poisoned, launch_options=options))
+    assert not torch.isfinite(adv[affected]).any()
+    torch.testing.assert_close(adv[~affected], expected_adv[~affected], **TOL)
+    torch.testing.assert_close(ret[~affected], expected_ret[~affected], **TOL)

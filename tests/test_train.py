@@ -496,7 +496,8 @@ def test_inverted_pendulum_learns_within_150k_steps(tmp_path, gae_by_reference):
     settings = settings_from_dict({"total_timesteps": 150_000, "device": "cpu", "seed": 1,
                                    "env": {"id": "InvertedPendulum-v4", "num_envs": 64}})
     final_return = train.train(settings, str(tmp_path), torch.device("cpu"))
-    assert gae_by_reference._runs and all(run is gae_by_reference._reference for run in gae_by_reference._runs.values())
+    runs = gae_by_reference._runs.values()
+    assert runs and all(entry[0] is gae_by_reference._reference for entry in runs)
     assert final_return >= 800, f"mean return of the last ~100 episodes: {final_return:.1f}"
 
 
