@@ -244,6 +244,8 @@ def _coerce(key: str, value: Any, default: Any, annotation: str = "") -> Any:
     elif isinstance(default, float) or annotation == "float | None":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"`{key}` must be a number, got {value!r}")
+        if not math.isfinite(value):  # a NaN passes every comparison; an inf learning rate NaNs the weights
+            raise ConfigError(f"`{key}` must be a finite number, got {value!r}")
         return float(value)
     elif isinstance(default, tuple):
         if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):

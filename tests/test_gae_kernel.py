@@ -542,8 +542,8 @@ def run_of(rollout, outputs):
     """What `compute_gae` keeps for this call's signature (a `GaeLaunch` on the Triton path)."""
     from kernels import gae
 
-    _, run = gae._lookup(launch_tensors(rollout, outputs))
-    return run
+    _, entry = gae._lookup(launch_tensors(rollout, outputs))
+    return entry and entry[0]
 
 
 def refill(rollout, outputs, seed):
