@@ -31,17 +31,19 @@ BOOTSTRAP_NONE, BOOTSTRAP_LAST_VALUE, BOOTSTRAP_TENSOR, BOOTSTRAP_TENSOR_SPARSE,
 
 
 @triton.jit
-def _times(beta, x):
-    # beta * x, but 0 where beta is 0: a done step cuts its episode from the steps after it, and a
-    # non-finite value there must stay there (0 * inf is NaN). Every composition goes through this.
-    return tl.where(beta == 0.0, 0.0, beta * x)
+def _affine(alpha, beta, x):
+    # alpha + beta * x, but alpha where beta is 0: a done step cuts its episode from the steps after it,
+    # and a non-finite value there must stay there (0 * inf is NaN). Every composition goes through
+    # this. The select follows the multiply-add, which stays one FMA: a select between the product and
+    # the sum cost 33% on 16 x 1M time-major rows (H100).
+    return tl.where(beta == 0.0, alpha, alpha + beta * x)
 
 
 @triton.jit
 def _compose(alpha_later, beta_later, alpha, beta):
     # Reverse scan: the accumulator is the map of the later steps, g = f_{t+1} o ... ;
     # the current step's map goes outside: f_t(g(x)) = alpha + beta * (alpha_g + beta_g * x).
-    return alpha + _times(beta, alpha_later), beta * beta_later
+    return _affine(alpha, beta, alpha_later), beta * beta_later
 
 
 @triton.jit
@@ -49,8 +51,8 @@ def _compose_with_rest(alpha_later, beta_later, rest_alpha_later, rest_beta_late
     # A run of steps as two maps: the whole run, and the run without its first step (the identity
     # for a single step). Followed by a later run, the first becomes the composition of both, the
     # second the current run's rest followed by the whole later run.
-    return (alpha + _times(beta, alpha_later), beta * beta_later,
-            rest_alpha + _times(rest_beta, alpha_later), rest_beta * beta_later)
+    return (_affine(alpha, beta, alpha_later), beta * beta_later,
+            _affine(rest_alpha, rest_beta, alpha_later), rest_beta * beta_later)
 
 
 @triton.jit
@@ -253,13 +255,12 @@ def _step_terms(
 @triton.jit
 def _then(alpha, beta, next_alpha, next_beta):
     # The map f o g of a step f = (alpha, beta) followed by g = (next_alpha, next_beta).
-    return alpha + _times(beta, next_alpha), beta * next_beta
+    return _affine(alpha, beta, next_alpha), beta * next_beta
 
 
 @triton.jit
-def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3, next_alpha, next_beta):
-    """Each of four consecutive steps' maps composed with everything after it (in registers)."""
-    a3, b3 = _then(a3, b3, next_alpha, next_beta)
+def _quad_suffixes(a0, b0, a1, b1, a2, b2, a3, b3):
+    """Each of four consecutive steps' maps composed with the rest of its quad (in registers)."""
     a2, b2 = _then(a2, b2, a3, b3)
     a1, b1 = _then(a1, b1, a2, b2)
     a0, b0 = _then(a0, b0, a1, b1)
@@ -292,8 +293,8 @@ def _walk_word(word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_be
     has_inclusive = ready & (status == _START)
     has_aggregate = ready & (status != _START)
     later_beta = tl.where(status == _CUT, 0.0, chunk_beta)
-    carry = tl.where(has_inclusive, acc_alpha + _times(acc_beta, _low_float(word)), carry)
-    acc_alpha = tl.where(has_aggregate, acc_alpha + _times(acc_beta, _low_float(word)), acc_alpha)
+    carry = tl.where(has_inclusive, _affine(acc_alpha, acc_beta, _low_float(word)), carry)
+    acc_alpha = tl.where(has_aggregate, _affine(acc_alpha, acc_beta, _low_float(word)), acc_alpha)
     acc_beta = tl.where(has_aggregate, acc_beta * later_beta, acc_beta)
     j = tl.where(has_aggregate, j + 1, j)
     resolved = has_aggregate & ((acc_beta == 0.0) | (j == num_chunks))
@@ -369,7 +370,7 @@ def _look_back(state_ptr, epoch, rows, row_ok, chunk, num_chunks, alpha, beta, p
                     word, ok, epoch, num_chunks, chunk_beta, carry, acc_alpha, acc_beta, j, pending, going)
     if not PUBLISH_COLUMN:
         if _publishes_start(chunk, num_chunks, INCLUSIVE_EVERY):
-            tl.atomic_xchg(state_ptr + own, _float_bits(agg_alpha + _times(agg_beta, carry)) | _tag(epoch, _START),
+            tl.atomic_xchg(state_ptr + own, _float_bits(_affine(agg_alpha, agg_beta, carry)) | _tag(epoch, _START),
                            mask=row_ok, sem="relaxed")
     return carry
 
@@ -437,7 +438,7 @@ def gae_kernel(
             carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, beta, probe,
                                _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, BLOCK_T, WINDOW, INCLUSIVE_EVERY,
                                PUBLISH_COLUMN)
-            alpha = alpha + _times(beta, carry[:, None])
+            alpha = _affine(alpha, beta, carry[:, None])
             if PUBLISH_COLUMN:
                 _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, alpha, BLOCK_N, BLOCK_T,
                                INCLUSIVE_EVERY, PUBLISH_COLUMN)
@@ -484,8 +485,8 @@ def _quad_tile(
                                      stride_dn, stride_dt, stride_un, stride_ut, stride_bn, stride_bt, stride_l,
                                      gamma, gamma_lam, HAS_TRUNCATEDS, BOOTSTRAP, FLAG_AXIS, EVEN)
     zero = tl.zeros([BLOCK_N, NUM_QUADS], dtype=tl.float32)
-    # Each step's map to the end of its quad (the identity after it), in registers.
-    d0, b0, d1, b1, d2, b2, d3, b3 = _quad_suffixes(d0, b0, d1, b1, d2, b2, d3, b3, zero, zero + 1.0)
+    # Each step's map to the end of its quad, in registers.
+    d0, b0, d1, b1, d2, b2, d3, b3 = _quad_suffixes(d0, b0, d1, b1, d2, b2, d3, b3)
     # What follows quad k: the map of quads k + 1 .. to the end of the tile (the identity after the last).
     if REST_SCAN:
         # One reverse scan carries it along with each quad's own map to the end (`_compose_with_rest`):
@@ -512,8 +513,8 @@ def _quad_tile(
         carry = _look_back(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, b0, probe,
                            _chunk_beta(gamma_lam, BLOCK_T), BLOCK_N, NUM_QUADS, WINDOW, INCLUSIVE_EVERY,
                            PUBLISH_COLUMN)[:, None]
-        d0, d1, d2, d3 = (d0 + _times(b0, carry), d1 + _times(b1, carry), d2 + _times(b2, carry),
-                          d3 + _times(b3, carry))
+        d0, d1, d2, d3 = (_affine(d0, b0, carry), _affine(d1, b1, carry), _affine(d2, b2, carry),
+                          _affine(d3, b3, carry))
         if PUBLISH_COLUMN:
             _publish_start(state_ptr, epoch, rows, rows < N, chunk, num_chunks, d0, BLOCK_N, NUM_QUADS,
                            INCLUSIVE_EVERY, PUBLISH_COLUMN)
