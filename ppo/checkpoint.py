@@ -46,19 +46,29 @@ def training_state(settings, iteration: int, global_step: int, agent: torch.nn.M
 
 def restore_training_state(checkpoint: dict[str, Any], agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            normalizers: dict[str, Any], generator: torch.Generator) -> None:
-    """Load `training_state`'s checkpoint into a freshly built run; a model that does not fit is a ConfigError."""
+    """Load `training_state`'s checkpoint into a freshly built run; a model that does not fit, or a part
+    that torch or numpy refuses (a damaged file), is a ConfigError naming the part."""
     load_agent_weights(agent, checkpoint["agent"], "resume: the checkpoint's model does not fit this env/model config")
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    parts = [("optimizer", lambda: optimizer.load_state_dict(checkpoint["optimizer"]))]
     for name, normalizer in normalizers.items():
         # Only a checkpoint from before value normalisation existed may lack one (of "value_normalizer").
         if name in checkpoint or name != "value_normalizer":
-            normalizer.load_state_dict(checkpoint[name])
-    generator.set_state(checkpoint["generator"].cpu())
-    torch.set_rng_state(checkpoint["torch_rng"].cpu())
-    if checkpoint["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])
-    set_numpy_rng_state(checkpoint["numpy_rng"])
-    random.setstate(checkpoint["python_rng"])
+            parts.append((name, lambda normalizer=normalizer, name=name: normalizer.load_state_dict(checkpoint[name])))
+    parts += [
+        ("generator", lambda: generator.set_state(checkpoint["generator"].cpu())),
+        ("torch_rng", lambda: torch.set_rng_state(checkpoint["torch_rng"].cpu())),
+        ("cuda_rng", lambda: checkpoint["cuda_rng"] is None or not torch.cuda.is_available()
+         or torch.cuda.set_rng_state_all([s.cpu() for s in checkpoint["cuda_rng"]])),
+        ("numpy_rng", lambda: set_numpy_rng_state(checkpoint["numpy_rng"])),
+        ("python_rng", lambda: random.setstate(checkpoint["python_rng"])),
+    ]
+    for name, restore in parts:
+        try:
+            restore()
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ConfigError(f"resume: the checkpoint's `{name}` does not restore ({reason}): a damaged or "
+                              f"edited file") from error
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
@@ -69,11 +79,17 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LAST
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:  # a full disk, a second signal: `last.pt` is untouched, no half-written copy stays
+        tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:  # a failed write names no file
+            error.filename = str(tmp)
+        raise
     _fsync_dir(directory)
     return path
 
@@ -142,7 +158,44 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
         shown = ", ".join(f"`{key}`" for key in missing[:3]) + (", ..." if len(missing) > 3 else "")
         raise CheckpointError(f"{path} is not a checkpoint of train.py: a torch file without {shown} (it "
                               f"writes <run dir>/{CHECKPOINT_DIR}/{LAST})")
+    wrong = wrong_contents(checkpoint)
+    if wrong:
+        raise CheckpointError(f"{path} is not a whole checkpoint of train.py: its {wrong} (a damaged or edited "
+                              f"file; an earlier copy of the run, if any, is the one to use)")
     return checkpoint
+
+
+def wrong_contents(checkpoint: dict[str, Any]) -> str | None:
+    """What is not what train.py writes under a checkpoint's keys (`key` is ..., not ...), or None. Of the
+    parts a resume restores by handing them to torch, only their form: torch's own checks say the rest."""
+    def is_state(x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.dim() == 1 and x.numel() > 0
+
+    expected = {
+        "settings": (lambda x: isinstance(x, dict) and isinstance(x.get("env"), dict), "a dict of settings"),
+        "iteration": (lambda x: type(x) is int and x >= 0, "a count of iterations"),
+        "global_step": (lambda x: type(x) is int and x >= 0, "a count of steps"),
+        "agent": (lambda x: isinstance(x, dict) and bool(x) and all(isinstance(v, torch.Tensor) for v in x.values()),
+                  "the model's weights"),
+        "optimizer": (lambda x: isinstance(x, dict) and isinstance(x.get("state"), dict)
+                      and isinstance(x.get("param_groups"), list) and bool(x["param_groups"]), "an optimiser state"),
+        "obs_normalizer": (lambda x: isinstance(x, dict), "a normaliser state"),
+        "reward_scaler": (lambda x: isinstance(x, dict), "a normaliser state"),
+        "generator": (is_state, "a generator state"),
+        "torch_rng": (is_state, "a generator state"),
+    }
+    for key, (ok, what) in expected.items():
+        if not ok(checkpoint[key]):
+            return f"`{key}` is {_kind(checkpoint[key])}, not {what}"
+    return None
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (dict, list, tuple, str)) and not x:
+        return f"an empty {type(x).__name__}"
+    return f"{type(x).__name__} {x!r}"[:80]
 
 
 def _is_torch_archive(path: Path) -> bool:

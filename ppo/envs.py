@@ -256,6 +256,12 @@ def task_spaces(settings: EnvSettings) -> tuple[object, object]:
         env.close()
 
 
+def observation_action_size(settings: EnvSettings) -> int:
+    """How many numbers one observation and one action of the task hold (`task_spaces`)."""
+    observation_space, action_space = task_spaces(settings)
+    return observation_size(observation_space) + int(np.prod(action_space.shape))
+
+
 def observation_leaves(space) -> list[tuple[tuple[str, ...], object]]:
     """`(key path, space)` of each leaf of a Dict of observations, nested Dicts walked in the order their
     spaces list their keys: the order the agent sees them in, whatever order a step's dict arrives in.
