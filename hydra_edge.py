@@ -31,7 +31,9 @@ from omegaconf.errors import OmegaConfBaseException
 from ppo import run_dir as run_records
 from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from ppo.config import ConfigError, TrainSettings, check_setting_key, resolve_device, settings_from_dict
-from ppo.envs import check_env_id
+from ppo.envs import check_env_id, observation_action_size
+from ppo.resources import check_resources
+from ppo.signals import interrupt_on_signals
 
 ROOT = Path(__file__).resolve().parent
 
@@ -47,6 +49,7 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
     settings = settings_of(cfg)
     check_env_id(settings.env)
     device = resolve_device(settings.device)
+    check_resources(settings, device, lambda: observation_action_size(settings.env))
     if settings.resume:
         try:
             # Read here as well as in train(): a file that is no checkpoint is refused before a run dir is
@@ -89,7 +92,7 @@ def claim_run_dir(run_dir: str, resume: str | None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     except OSError as error:
-        print(f"error: run dir {run_dir} cannot be made or opened: {error.strerror} (hydra.run.dir)", file=sys.stderr)
+        print(f"error: run dir {run_dir} cannot be made or written: {error.strerror} (hydra.run.dir)", file=sys.stderr)
         sys.exit(2)
     try:
         run_records.check_not_another_runs(run_dir, resume)
@@ -185,6 +188,7 @@ class RunDirLock(Callback):
     each get a dir of their own and claim it in main() (`run_dir_claimed`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        interrupt_on_signals()  # from here a signal may leave a run dir: train.py removes it if new
         HydraConfig.instance().set_config(config)  # as Hydra's run_job does first: `${hydra:...}` in the dir resolves
         try:
             run_dir = OmegaConf.select(config, "hydra.run.dir", throw_on_resolution_failure=True)

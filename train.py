@@ -7,25 +7,34 @@
 
 Hydra composes the config; `hydra_edge` checks it and turns it into typed settings; `ppo.trainer.train`
 runs the loop. Each run writes its resolved config (.hydra/), TensorBoard events, checkpoints and
-train.log (what it printed) into its run dir; a command refused before training leaves none.
+train.log (what it printed, and how it ended) into its run dir; a command refused or stopped before
+training leaves none. Exit codes: `ppo/signals.py` (0 finished, 75 stopped with a checkpoint).
 """
 
 from __future__ import annotations
 
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from ppo.signals import quit_on_signals
 
-from hydra_edge import check_command_line, checked, command_line_keys, refuse, run_dir_claimed
-from ppo.config import ConfigError
-from ppo.trainer import NonFiniteLossError, StopOnSignal, train
+if __name__ == "__main__":
+    quit_on_signals()  # a Ctrl-C during the imports below: one line, not a traceback
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from hydra_edge import check_command_line, checked, command_line_keys, refuse, run_dir_claimed  # noqa: E402
+from ppo import run_dir as run_records  # noqa: E402
+from ppo.config import ConfigError  # noqa: E402
+from ppo.signals import EXIT_FAILED, EXIT_STOPPED, Interrupted, StopOnSignal, interrupt_on_signals  # noqa: E402
+from ppo.trainer import TrainingFailed, train  # noqa: E402
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final mean episodic return (the objective for sweepers)."""
+    interrupt_on_signals()  # until training starts: a signal ends start-up (see ended_by_signal)
     try:
         settings, device = checked(cfg)
     except ConfigError as error:
@@ -35,14 +44,28 @@ def main(cfg: DictConfig) -> float:
         with run_dir_claimed(run_dir, settings.resume):
             objective = train(settings, run_dir, device, command_line_keys())
     except ConfigError as error:  # raised before training starts (a resume that does not fit)
+        run_records.discard_if_new(run_dir)
         refuse(f"error: {error}", 1)
-    except NonFiniteLossError:  # train() has said why, in the run's train.log too
-        sys.exit(1)
+    except TrainingFailed:  # train() has said why, in the run's train.log too
+        sys.exit(EXIT_FAILED)
     if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
-        sys.exit(0)
+        sys.exit(EXIT_STOPPED)
     return objective
 
 
+def ended_by_signal(interrupt: Interrupted) -> None:
+    """A signal during start-up (no checkpoint yet: the new run dir goes), or a second one while training
+    (train.log says where): one line, and the shell's exit code for a signal."""
+    removed = [run_dir for run_dir in run_records.new_dirs() if run_records.discard_if_new(run_dir)]
+    if not interrupt.said:
+        gone = f"; its new run dir was removed ({removed[0]})" if removed else ""
+        print(f"stopped by {interrupt.name} during start-up; nothing was trained{gone}", file=sys.stderr, flush=True)
+    sys.exit(interrupt.exit_code)
+
+
 if __name__ == "__main__":
-    check_command_line(sys.argv[1:])
-    main()
+    try:
+        check_command_line(sys.argv[1:])
+        main()
+    except Interrupted as interrupt:
+        ended_by_signal(interrupt)

@@ -8,10 +8,24 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
+
+
+def _quiet_event_writer_errors(args: threading.ExceptHookArgs) -> None:
+    """TensorBoard writes events from a thread of its own; an OSError there (a full disk) would print
+    that thread's traceback, ~70 lines, and the next write in the training loop raises it again,
+    where the run ends with one line. Other threads' errors print as Python prints them."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _print_thread_error(args)
+
+
+_print_thread_error = threading.excepthook
+threading.excepthook = _quiet_event_writer_errors
 
 
 class RunLogger:
@@ -35,8 +49,12 @@ class RunLogger:
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        try:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
+        except OSError as error:  # raised again from the writer's thread, which names no file
+            error.filename = error.filename or f"TensorBoard events in {self.writer.log_dir}"
+            raise
 
     def settings(self, step: int, values: dict[str, str]) -> None:
         """Every setting as a table in TensorBoard's Text tab, under CleanRL's tag `hyperparameters`:
@@ -51,8 +69,11 @@ class RunLogger:
         if not self.enabled:
             return
         print(line, file=stream or sys.stdout, flush=True)
-        self.log_file.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
-        self.log_file.flush()
+        try:
+            self.log_file.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
+            self.log_file.flush()
+        except OSError:  # a full disk: the console has the line, and the run says why it stops
+            pass
 
     def sps(self, step: int) -> float:
         """CleanRL's `charts/SPS`: every step of this process over all its time, warm-up included."""
@@ -100,9 +121,13 @@ class RunLogger:
         self.say(line)
 
     def close(self) -> None:
+        """Flush and close the events and train.log; a write that fails now (a full disk) has been said."""
         if self.writer is not None:
-            self.writer.close()
-            self.log_file.close()
+            for close in (self.writer.close, self.log_file.close):
+                try:
+                    close()
+                except OSError:
+                    pass
 
 
 def final_step(start_step: int, total_timesteps: int, steps_per_iteration: int) -> int:

@@ -35,6 +35,7 @@ class AnotherRunsDir(RuntimeError):
 
 
 _claimed: dict[str, int] = {}  # run dir (absolute) -> the descriptor through which this process locks it
+_new: set[str] = set()  # the claimed run dirs that held nothing of an earlier run (`discard_if_new`)
 
 
 def claim(run_dir: str) -> None:
@@ -46,6 +47,7 @@ def claim(run_dir: str) -> None:
     run_dir = os.path.abspath(run_dir)
     if run_dir in _claimed or distributed.launched_rank() != 0:
         return
+    new = not os.path.isdir(run_dir) or set(os.listdir(run_dir)) <= {".hydra"}  # Hydra's record of this command
     os.makedirs(run_dir, exist_ok=True)
     fd = os.open(run_dir, os.O_RDONLY)
     if not locked(fd):
@@ -54,6 +56,22 @@ def claim(run_dir: str) -> None:
                           "started in the same second get the same dir); give this one its own: "
                           f"hydra.run.dir={shlex.quote(run_dir + '_2')}")
     _claimed[run_dir] = fd
+    if new:
+        _new.add(run_dir)
+    check_writable(run_dir)
+
+
+def check_writable(run_dir: str) -> None:
+    """Create and remove a file in `run_dir`: an `OSError` (read-only, no permission, no space) now,
+    before anything starts, rather than from the first log line or checkpoint. Permission bits alone
+    would not say it: root passes them, a read-only mount does not."""
+    probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.remove(probe)
+    except OSError:
+        release(run_dir)
+        raise
 
 
 def check_not_another_runs(run_dir: str, resume: str | None) -> None:
@@ -81,6 +99,26 @@ def release(run_dir: str) -> None:
     fd = _claimed.pop(os.path.abspath(run_dir), None)
     if fd is not None:
         os.close(fd)
+
+
+def new_dirs() -> list[str]:
+    """The run dirs this process made (or found holding only Hydra's record of its command), held or
+    since let go, that `discard_if_new` has not removed."""
+    return sorted(_new)
+
+
+def discard_if_new(run_dir: str) -> bool:
+    """Remove a run dir this process made (or found holding only Hydra's record of its command) and
+    wrote no checkpoint into, with what it wrote there (logs, events): a run ended before it trained
+    leaves nothing behind. A dir that held an earlier run is kept whole. Returns whether it went."""
+    run_dir = os.path.abspath(run_dir)
+    if run_dir not in _new or (Path(run_dir) / CHECKPOINT_DIR / LAST).exists():
+        return False
+    _new.discard(run_dir)
+    release(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    _remove_empty_parents(Path(run_dir))
+    return True
 
 
 @contextlib.contextmanager
@@ -121,8 +159,14 @@ def remove_if_unused(run_dir: str) -> None:
         if not free:
             return
     shutil.rmtree(path)
-    cwd, parent = Path.cwd().resolve(), path.parent
-    while cwd in parent.parents and not any(parent.iterdir()):
+    _remove_empty_parents(path)
+
+
+def _remove_empty_parents(path: Path) -> None:
+    """The parents of a removed run dir that this command made (runs/<env.id>/ for a mistyped id), while
+    they are empty, inside the working directory only."""
+    cwd, parent = Path.cwd().resolve(), path.resolve().parent
+    while cwd in parent.parents and parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
 

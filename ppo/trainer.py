@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,13 +36,15 @@ from ppo.envs import make_envs
 from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
+from ppo.signals import Interrupted, StopOnSignal
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
 
 LOSS_TAGS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac", "explained_variance")
 
 
-class NonFiniteLossError(RuntimeError):
-    pass
+class TrainingFailed(RuntimeError):
+    """Training cannot go on (a non-finite loss, a full disk): said in one line, in train.log too where it
+    can be written, naming the last good checkpoint."""
 
 
 def train(settings: TrainSettings, run_dir: str, device: torch.device, given: frozenset[str] = frozenset()) -> float:
@@ -103,11 +105,21 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     steps_per_iteration = settings.batch_size * workers.world_size
     last_step = final_step(global_step, settings.total_timesteps, steps_per_iteration)
     logger = RunLogger(run_dir, last_step, global_step, settings.log_every_s, enabled=workers.is_main)
-    stop = StopOnSignal()
+    last_checkpoint = resumed_from  # the last good one: a new run dir holds none until its first save
 
     def state() -> dict:
         return training_state(settings, iteration, global_step, agent, optimizer, normalizers, generator,
                               envs.obs_layout)
+
+    def save() -> Path:
+        nonlocal last_checkpoint
+        last_checkpoint = save_checkpoint(run_dir, state())
+        return last_checkpoint
+
+    def kept() -> str:
+        if last_checkpoint is None:
+            return f"no checkpoint was written yet (checkpoint.every={settings.checkpoint.every} iterations)"
+        return f"the last good checkpoint is {last_checkpoint}"
 
     if workers.is_main:
         # A resumed run writes a new run dir unless told its own: say (and record) what it continues.
@@ -122,6 +134,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                                   last_step, fast_paths, resumed_at, fallback, changed):
             logger.say(line)
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
+    stop = StopOnSignal()  # from here a signal stops the run at the end of an iteration, with a checkpoint
     try:
         while global_step < last_step and not stop.agreed(device):
             iteration += 1
@@ -150,9 +163,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
             stacked = distributed.mean_over_workers(torch.stack([stats[n].float().to(device) for n in names]))
             values = dict(zip(names, stacked.tolist(), strict=True))
             if not all(math.isfinite(values[n]) for n in ("policy_loss", "value_loss", "approx_kl")):
-                raise NonFiniteLossError(
+                raise TrainingFailed(
                     f"non-finite loss at iteration {iteration} (step {global_step:,}): policy {values['policy_loss']}, "
-                    f"value {values['value_loss']}; the last good checkpoint is kept in {run_dir}/checkpoints"
+                    f"value {values['value_loss']}; the run stopped there, and {kept()}"
                 )
             mean_return = return_sum / episodes if episodes else None
             if episodes:
@@ -168,12 +181,12 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
             })
             logger.progress(global_step, mean_return)
             if settings.checkpoint.every and iteration % settings.checkpoint.every == 0 and workers.is_main:
-                save_checkpoint(run_dir, state())
+                save()
         if workers.is_main:
-            path = save_checkpoint(run_dir, state())
+            path = save()
             logger.progress(global_step, None, final=True)
             if stop.requested:
-                logger.say(f"stopped by signal at step {global_step:,}; checkpoint {path}; to go on: "
+                logger.say(f"stopped by {stop.requested} at step {global_step:,}; checkpoint {path}; to go on: "
                            f"{run_records.resume_command(run_dir)}")
             else:
                 final = mean_of_last_episodes(recent)
@@ -181,8 +194,19 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                          else "no episode finished")
                 logger.say(f"finished at step {global_step:,} after {logger.elapsed()}: {score}; "
                            f"logs and checkpoint in {run_dir}")
-    except NonFiniteLossError as error:
+    except OSError as error:  # a full disk or a lost mount, under the checkpoint or the logs
+        go_on = (f"; once fixed, continue it with: {run_records.resume_command(run_dir, str(last_checkpoint))}"
+                 if last_checkpoint else "")
+        failure = TrainingFailed(f"{describe_os_error(error)} at step {global_step:,}; the run stopped there, and "
+                                 f"{kept()}{go_on}")
+        logger.say(f"error: {failure}", sys.stderr)
+        raise failure from error
+    except TrainingFailed as error:
         logger.say(f"error: {error}", sys.stderr)
+        raise
+    except Interrupted as interrupt:
+        logger.say(f"aborted by a second {interrupt.name} at step {global_step:,}; {kept()}", sys.stderr)
+        interrupt.said = True
         raise
     finally:
         envs.close()
@@ -238,25 +262,7 @@ def synchronized_seconds(start: float, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-class StopOnSignal:
-    """Ctrl-C or SIGTERM: finish the iteration, save a checkpoint, exit cleanly. A second one aborts."""
-
-    received = False  # for train.py: a signal also ends a sweep
-
-    def __init__(self):
-        self.requested = False
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
-
-    def agreed(self, device: torch.device) -> bool:
-        """Whether any worker was asked to stop (all workers then stop at the same iteration)."""
-        if not distributed.active():
-            return self.requested
-        flag = torch.tensor([float(self.requested)], device=device)
-        return distributed.all_reduce_sum(flag).item() > 0
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = StopOnSignal.received = True
-        print("\nstopping after this iteration (again to abort)...", file=sys.stderr, flush=True)
+def describe_os_error(error: OSError) -> str:
+    """`No space left on device (writing <file>)`: the system's reason and the file, in one line."""
+    where = f" (writing {error.filename})" if error.filename else ""
+    return f"{error.strerror or error}{where}"

@@ -124,7 +124,10 @@ def test_checkpoints_load_weights_only_and_older_ones_still_do(tmp_path):
     set_numpy_rng_state(state)
     np.testing.assert_array_equal(np.random.standard_normal(5), draws)
 
-    stub = {key: torch.zeros(2) for key in KEYS}
+    stub = {key: torch.zeros(2) for key in KEYS}  # the form of each part, as load_checkpoint checks it
+    stub.update(settings={"env": {}}, iteration=0, global_step=0, agent={"w": torch.zeros(2)},
+                optimizer={"state": {}, "param_groups": [{}]}, obs_normalizer={}, reward_scaler={},
+                generator=torch.zeros(8, dtype=torch.uint8), torch_rng=torch.zeros(8, dtype=torch.uint8))
     torch.save({**stub, "numpy_rng": state}, tmp_path / "new.pt")
     assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "new.pt") == []
     loaded = load_checkpoint(tmp_path / "new.pt", torch.device("cpu"))
@@ -256,6 +259,12 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
     # Checked before Hydra composes (check_command_line; its other cases run in-process below). Hydra's
     # own message for the first advised `+ppo.lerning_rate=1`, which the settings then refuse, as here.
     ("ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
+    # A NaN passes every comparison, and an inf rate NaNs the weights an iteration later.
+    ("ppo.ent_coef=nan", "error: `ppo.ent_coef` must be a finite number, got nan"),
+    ("ppo.learning_rate=inf", "error: `ppo.learning_rate` must be a finite number, got inf"),
+    # Sized by the machine: checked against it before any simulator starts.
+    ("env.num_envs=1e9", "error: `env.num_envs=1000000000` needs about"),
+    ("torch_threads=100000", "error: `torch_threads=100000` asks for more threads than this machine's"),
     ("+ppo.lerning_rate=1", "error: unknown setting `ppo.lerning_rate`: did you mean `ppo.learning_rate`?"),
     ("env=Hoper-v4", "error: no config file configs/env/Hoper-v4.yaml: did you mean `env=Hopper-v4`? (a task without "
                      "a file runs as env.id=Hoper-v4)"),
@@ -477,7 +486,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
         "env": {"id": TOY_NAN_ID, "num_envs": 2, "backend": "gymnasium"},
         "ppo": {"num_steps": 16, "num_minibatches": 2, "update_epochs": 1},
     })
-    with pytest.raises(train.NonFiniteLossError, match=r"non-finite loss at iteration (\d+)") as error:
+    with pytest.raises(train.TrainingFailed, match=r"non-finite loss at iteration (\d+)") as error:
         train.train(settings, str(tmp_path), torch.device("cpu"))
     failed_at = int(re.search(r"iteration (\d+)", str(error.value)).group(1))
     assert failed_at > 1  # rewards turn NaN after 40 env steps
@@ -521,8 +530,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
                              "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", "checkpoint.every=0")
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, err
-    assert "stopped by signal" in out and "finished at step" not in out
+    assert process.returncode == 75, err  # stopped with a checkpoint: requeue it (ppo/signals.py)
+    assert "stopped by SIGTERM at step" in out and "finished at step" not in out
     run_dirs = [p.parent for p in tmp_path.rglob("checkpoints")]
     assert len(run_dirs) == 1
     # The stop line gives the command that continues the run: its own overrides, then resume=.
@@ -538,7 +547,7 @@ def test_a_run_dir_that_cannot_be_made_is_one_error_line(tmp_path):
     (tmp_path / "taken").write_text("a file, not a dir")
     result = run_train("env=InvertedPendulum-v4", "device=cpu", f"hydra.run.dir={tmp_path / 'taken'}", timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: run dir {tmp_path / 'taken'} cannot be made or opened: File exists " \
+    assert result.stderr.strip() == f"error: run dir {tmp_path / 'taken'} cannot be made or written: File exists " \
                                     "(hydra.run.dir)", result.stderr
     assert (tmp_path / "taken").read_text() == "a file, not a dir"
 
@@ -611,7 +620,7 @@ def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     assert second.stderr.strip() == (
         f"error: run dir {tmp_path} is in use by a run still training there (runs of one env and seed started in "
         f"the same second get the same dir); give this one its own: hydra.run.dir={tmp_path}_2")
-    assert first.returncode == 0 and "stopped by signal" in out, err
+    assert first.returncode == 75 and "stopped by SIGTERM at step" in out, err
     # The first run's files are its own alone: one event file, no line of the second in train.log, and
     # Hydra's record of the first command, not of the second.
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
