@@ -157,7 +157,8 @@ def main() -> int:
         step = checkpoint_step(run_dir)
         if step is not None and not tally.problems:
             target = step + 2 * args.num_envs * args.num_steps
-            finish = subprocess.run(train_command(args, run_dir, True, target), cwd=ROOT, capture_output=True, text=True)
+            finish = subprocess.run(train_command(args, run_dir, True, target), cwd=ROOT, capture_output=True,
+                                    text=True)
             final_ok = finish.returncode == 0 and checkpoint_step(run_dir) == target
             if not final_ok:
                 tally.problems.append(f"the last resume to step {target:,} exited {finish.returncode}: "
