@@ -20,8 +20,9 @@ class ConfigError(ValueError):
 class EnvSettings:
     id: str = "Ant-v4"
     num_envs: int = 64
-    # envpool | gymnasium | auto: envpool where it is installed (pip installs it on Linux x86-64 only),
-    # else gymnasium; resolved on construction (__post_init__), so the settings name the simulator
+    # envpool | gymnasium | mjwarp | auto: envpool where it is installed (pip installs it on Linux x86-64
+    # only), else gymnasium; resolved on construction (__post_init__), so the settings name the simulator.
+    # mjwarp: MuJoCo Warp worlds on the run's device (ppo.mjwarp; pip install -e ".[mjwarp]")
     backend: str = "auto"
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
     # Split the envs into this many simulators, stepped as a pipeline: while one group simulates,
@@ -310,8 +311,8 @@ def _validate(s: TrainSettings) -> None:
 
     if s.model.activation not in ACTIVATIONS:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
-    if s.env.backend not in ("envpool", "gymnasium"):
-        raise ConfigError(f"`env.backend` must be envpool, gymnasium or auto, got {s.env.backend!r}")
+    if s.env.backend not in ("envpool", "gymnasium", "mjwarp"):
+        raise ConfigError(f"`env.backend` must be envpool, gymnasium, mjwarp or auto, got {s.env.backend!r}")
     if s.env.pin_threads is True and s.env.backend != "envpool":
         raise ConfigError("`env.pin_threads=true` pins envpool's threads; `env.backend` is "
                           f"{s.env.backend} (use auto or false)")

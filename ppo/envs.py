@@ -1,8 +1,9 @@
 """Vectorised environments behind one interface that speaks torch tensors on the run's device.
 
-Both backends reset a finished env on the *next* `step` call (next-step autoreset): the step that
-ends an episode returns its final observation, and the following step ignores its action, returns
-reward 0 and the first observation of the new episode. `ppo.collect` relies on exactly this.
+Every backend (envpool, gymnasium, and MuJoCo Warp in ppo.mjwarp) resets a finished env on the *next*
+`step` call (next-step autoreset): the step that ends an episode returns its final observation, and the
+following step ignores its action, returns reward 0 and the first observation of the new episode.
+`ppo.collect` relies on exactly this.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def check_env_id(settings: EnvSettings, option: str = "env.backend=") -> None:
     """Raise ConfigError, naming the closest known ids, if the backend does not know `settings.id`
     (or, for envpool, is not installed: else every id would read as unknown). `option`: how the
     caller's user picks a backend (train.py's `env.backend=`, evaluate.py's `--backend `)."""
+    if settings.backend == "mjwarp":
+        from ppo import mjwarp
+
+        mjwarp.check_task(settings.id)
+        mjwarp.import_mujoco_warp()
+        return
     try:
         known = _known_ids(settings.backend)
     except ImportError as error:  # only envpool can be missing: gymnasium is a dependency everywhere
@@ -133,6 +140,10 @@ def simulator_version(backend: str) -> str:
     inside its extension, whatever `mujoco` package is installed beside it (4.0.0 on both hosts),
     so the version is asked of the extension itself.
     """
+    if backend == "mjwarp":
+        from ppo import mjwarp
+
+        return mjwarp.version()
     if backend == "envpool":
         envpool = import_envpool()
         name = f"envpool {envpool.__version__}"
@@ -171,6 +182,8 @@ def env_groups(settings: EnvSettings, device: torch.device) -> int:
     simulator."""
     if settings.groups != "auto":
         return settings.groups
+    if settings.backend == "mjwarp":  # the simulator runs on the device itself: nothing to overlap
+        return 1
     return 2 if device.type == "cuda" and settings.num_envs % 2 == 0 else 1
 
 
@@ -214,6 +227,10 @@ def make_envs(settings: EnvSettings, device: torch.device, seed: int) -> VecEnv:
 
 
 def _make_simulator(settings: EnvSettings, device: torch.device, seed: int, first_cpu: int) -> VecEnv:
+    if settings.backend == "mjwarp":
+        from ppo.mjwarp import MjWarpEnvs
+
+        return MjWarpEnvs(settings, device, seed)
     if settings.backend == "envpool":
         return EnvpoolEnvs(settings, device, seed, first_cpu)
     return GymnasiumEnvs(settings, device)
@@ -240,7 +257,8 @@ def check_spaces(env_id: str, observation_space, action_space) -> None:
 
 def task_spaces(settings: EnvSettings) -> tuple[object, object]:
     """`(observation_space, action_space)` of `settings.id` on `settings.backend` (call `check_env_id`
-    first), without stepping it: envpool's from its spec, gymnasium's from one env, made and closed."""
+    first), without stepping it: envpool's from its spec, gymnasium's (and MuJoCo Warp's, which runs
+    gymnasium's tasks) from one gymnasium env, made and closed."""
     if settings.backend == "envpool":
         spec = import_envpool().make_spec(settings.id)  # about 0.1 ms; starts no simulator
         # The gymnasium_* spaces: envpool 0.8.4's plain ones are the old gym's, which are no gymnasium Box.

@@ -1,0 +1,277 @@
+"""`env.backend=mjwarp`: thousands of MuJoCo Warp worlds on the run's device, one per env, behind the
+VecEnv interface of ppo.envs, with gymnasium's task definitions (ppo.mjwarp_tasks).
+
+Observations, rewards and flags are torch tensors computed on the device from views of Warp's arrays:
+no host copy per step, and no host sync (Warp launches on torch's current CUDA stream, and a step's
+simulation replays as one Warp CUDA graph after its first call).
+
+Autoreset stays next-step, as on envpool and gymnasium: a world that ended is reset on the following
+step, which ignores its action and returns reward 0 and the new episode's first observation. So the
+collector, the buffer's validity mask and their tests stay one path for every backend; the price is one
+slot per episode, 0.1% at 1000-step episodes. Resetting within the step would save that slot but
+needs a second observation per step (the final one, for the bootstrap value) on every backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ppo.config import ConfigError, EnvSettings
+from ppo.mjwarp_tasks import TASKS, Task
+
+EXTRA = 'pip install -e ".[mjwarp]"'
+_said: set[str] = set()
+
+
+def import_mujoco_warp():
+    """`(warp, mujoco_warp)`, or a ConfigError naming the pip command."""
+    try:
+        import warp
+
+        # Else Warp prints its banner, a line per kernel module it loads, and on a machine without a GPU
+        # that it found no CUDA driver: the run says where it runs (cpu_notice).
+        warp.config.log_level = warp.LOG_ERROR
+        with _native_stderr_dropped():  # the CUDA driver's absence is said from C, past the log level
+            warp.init()
+        import mujoco_warp
+    except ImportError as error:
+        raise ConfigError(f"env.backend=mjwarp needs MuJoCo Warp, which does not import here ({error}): "
+                          f"{EXTRA}") from error
+    return warp, mujoco_warp
+
+
+@contextlib.contextmanager
+def _native_stderr_dropped():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def check_task(env_id: str) -> None:
+    if env_id not in TASKS:
+        raise ConfigError(f"env.backend=mjwarp has no task {env_id!r}; it has {', '.join(TASKS)} "
+                          "(or use env.backend=envpool or gymnasium)")
+
+
+def cpu_notice(device: torch.device) -> str | None:
+    """What a run on a CPU should know, or None."""
+    if device.type == "cuda":
+        return None
+    return ("env.backend=mjwarp on the CPU: MuJoCo Warp runs there through Warp's CPU backend, at a few "
+            "hundred physics steps/s; on a machine without a CUDA GPU, env.backend=envpool is far faster")
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return f"mujoco-warp {installed('mujoco-warp')}, warp-lang {installed('warp-lang')}"
+    except PackageNotFoundError:
+        return "mujoco-warp"
+
+
+def _gymnasium_model(task: Task):
+    """The task's MjModel, compiled from the XML in the installed gymnasium package."""
+    import gymnasium
+    import mujoco
+
+    from ppo.envs import print_mujoco_warnings_once
+
+    print_mujoco_warnings_once()  # HalfCheetah's XML warns once (`settotalmass`), to stderr, not MUJOCO_LOG.TXT
+    path = Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets" / task.xml
+    model = mujoco.MjModel.from_xml_path(str(path))
+    if task.newton_solver:  # the XML's PGS is not in MuJoCo Warp; Newton solves the same contact problem
+        model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    return model
+
+
+class MjWarpEnvs:
+    """`settings.num_envs` worlds of `settings.id` on `device`. `max_episode_steps` defaults to gymnasium's
+    registered limit for the id (1000 for every task here)."""
+
+    def __init__(self, settings: EnvSettings, device: torch.device, seed: int, max_episode_steps: int | None = None):
+        check_task(settings.id)
+        wp, mjw = import_mujoco_warp()
+        import gymnasium
+
+        notice = cpu_notice(device)
+        if notice and notice not in _said:  # once a process
+            _said.add(notice)
+            print(notice, file=sys.stderr, flush=True)
+
+        self.task = task = TASKS[settings.id]()
+        self.num_envs, self.device, self.members = settings.num_envs, device, [self]
+        self.max_episode_steps = max_episode_steps or gymnasium.spec(settings.id).max_episode_steps
+        self._wp, self._mjw = wp, mjw
+        self._wp_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        mjm = _gymnasium_model(task)
+        self.dt = float(mjm.opt.timestep) * task.frame_skip
+        with wp.ScopedDevice(self._wp_device):
+            self._model = mjw.put_model(mjm)
+            self._data = mjw.make_data(mjm, nworld=self.num_envs)
+        d = self._data
+        view = wp.to_torch
+        self.state = SimpleNamespace(
+            qpos=view(d.qpos), qvel=view(d.qvel), ctrl=view(d.ctrl), xpos=view(d.xpos), xipos=view(d.xipos),
+            cinert=view(d.cinert), cvel=view(d.cvel), qfrc_actuator=view(d.qfrc_actuator),
+            cfrc_ext=view(d.cfrc_ext), body_mass=torch.as_tensor(mjm.body_mass, dtype=torch.float32, device=device))
+        self._init_qpos = torch.as_tensor(mjm.qpos0, dtype=torch.float32, device=device)
+        self._init_qvel = torch.zeros(mjm.nv, dtype=torch.float32, device=device)
+        low, high = mjm.actuator_ctrlrange[:, 0], mjm.actuator_ctrlrange[:, 1]
+        self.act_dim = mjm.nu
+        self.action_low = torch.as_tensor(low, dtype=torch.float32, device=device)
+        self.action_high = torch.as_tensor(high, dtype=torch.float32, device=device)
+        self._generator = torch.Generator(device=device)
+        self._reset_mask = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
+        self._reset_mask_wp = wp.from_torch(self._reset_mask)
+        self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=device)
+        self._pending = torch.zeros(self.num_envs, dtype=torch.bool, device=device)  # ended last step
+        self._simulate_graph = None
+        self.reward_terms: dict[str, torch.Tensor] = {}
+        self._simulate()  # compiles Warp's kernels (once per machine; cached in ~/.cache/warp)
+        self._position = task.position(self.state).clone()  # each world's, where its last step left it
+        self.obs_dim = self.task.observe(self.state).shape[1]
+        self.obs_layout = [["", [self.obs_dim]]]
+
+    # --- VecEnv ---
+    def reset(self, seed: int) -> torch.Tensor:
+        """Every world starts a new episode; the reset noise comes from one device generator seeded with
+        `seed`, so a seed repeats its run on one machine."""
+        self._generator.manual_seed(seed)
+        self._reset_mask.fill_(True)
+        observations = self._reset_worlds()
+        self._elapsed.zero_()
+        self._pending.zero_()
+        return observations.clone()
+
+    def send(self, actions: torch.Tensor) -> None:
+        """Queue the step on the device; nothing here waits for it."""
+        s, task = self.state, self.task
+        action = actions.to(self.device, torch.float32)
+        before = self._position.clone()
+        s.ctrl.copy_(action)
+        self._simulate()
+        observations = task.observe(s)
+        terms = task.rewards(s, action, before, self.dt)
+        rewards = torch.stack(list(terms.values())).sum(dim=0)
+        terminated = task.terminated(s)
+        self._elapsed += 1
+        truncated = self._elapsed >= self.max_episode_steps
+        # The worlds that ended on the step before: this step is their dummy (next-step autoreset).
+        dummy = self._pending.clone()
+        self._reset_mask.copy_(dummy)
+        observations = torch.where(dummy[:, None], self._reset_worlds(), observations)
+        rewards = torch.where(dummy, 0.0, rewards)
+        terminated = terminated & ~dummy
+        truncated = truncated & ~dummy
+        self._elapsed.masked_fill_(dummy, 0)
+        self._pending = terminated | truncated
+        self.reward_terms = {name: torch.where(dummy, 0.0, term) for name, term in terms.items()}
+        self._result = (observations, rewards, terminated, truncated)
+
+    def recv(self, out=None):
+        if out is None:
+            return self._result
+        for target, value in zip(out.tensors, self._result, strict=True):
+            target.copy_(value)
+        return out.tensors
+
+    def step(self, actions: torch.Tensor):
+        self.send(actions)
+        return self.recv()
+
+    def step_outputs(self):
+        return SimpleNamespace(tensors=(
+            torch.zeros(self.num_envs, self.obs_dim, device=self.device),
+            torch.zeros(self.num_envs, device=self.device),
+            torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
+            torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)))
+
+    def close(self) -> None:
+        self._simulate_graph = None
+
+    # --- the simulator ---
+    def _simulate(self) -> None:
+        """frame_skip physics steps of every world, then what the observation reads that a step leaves
+        out (cfrc_ext: gymnasium runs mj_rnePostConstraint after its steps). On CUDA, replayed as one
+        Warp graph on torch's current stream after the first call."""
+        wp, mjw = self._wp, self._mjw
+
+        def run():
+            for _ in range(self.task.frame_skip):
+                mjw.step(self._model, self._data)
+            if self.task.needs_contact_forces:
+                mjw.rne_postconstraint(self._model, self._data)
+
+        if self.device.type != "cuda":
+            with wp.ScopedDevice(self._wp_device):
+                run()
+            return
+        stream = wp.stream_from_torch(torch.cuda.current_stream(self.device))
+        with wp.ScopedDevice(self._wp_device), wp.ScopedStream(stream):
+            if self._simulate_graph is None:
+                run()  # the first call compiles and loads the kernels, which a capture cannot do
+                with wp.ScopedCapture() as capture:
+                    run()
+                self._simulate_graph = capture.graph
+            else:
+                wp.capture_launch(self._simulate_graph)
+
+    def _noisy_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every world's reset state as gymnasium's reset_model draws it: init_qpos + U(-scale, scale), and
+        init_qvel + U(-scale, scale) or + scale * N(0, 1), as the task says."""
+        task, n = self.task, self.num_envs
+        nq, nv = self._init_qpos.numel(), self._init_qvel.numel()
+        scale = task.reset_noise_scale
+        uniform = torch.rand(n, nq + nv, generator=self._generator, device=self.device) * (2 * scale) - scale
+        qpos = self._init_qpos + uniform[:, :nq]
+        if task.reset_noise == "uniform_normal":
+            return qpos, self._init_qvel + scale * torch.randn(n, nv, generator=self._generator, device=self.device)
+        return qpos, self._init_qvel + uniform[:, nq:]
+
+    def set_states(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+        """Start every world's episode from the given `[W, nq]` and `[W, nv]` state instead of a noisy one
+        (for tests that hold the task against gymnasium from identical states); their first observations."""
+        self._reset_mask.fill_(True)
+        observations = self._reset_worlds(qpos.to(self.device, torch.float32), qvel.to(self.device, torch.float32))
+        self._elapsed.zero_()
+        self._pending.zero_()
+        return observations.clone()
+
+    def _reset_worlds(self, qpos: torch.Tensor | None = None, qvel: torch.Tensor | None = None) -> torch.Tensor:
+        """Reset the worlds in `_reset_mask` as gymnasium does (mj_resetData, then qpos and qvel plus the
+        task's noise, then mj_forward's kinematics) and return their first observations (the rows of the
+        others say nothing)."""
+        wp, mjw, s, task = self._wp, self._mjw, self.state, self.task
+        if qpos is None:
+            qpos, qvel = self._noisy_state()
+        stepped_position = task.position(s).clone()  # before the kinematics below rewrite what it reads
+        with wp.ScopedDevice(self._wp_device):
+            mjw.reset_data(self._model, self._data, reset=self._reset_mask_wp)
+        mask = self._reset_mask[:, None]
+        s.qpos.copy_(torch.where(mask, qpos, s.qpos))
+        s.qvel.copy_(torch.where(mask, qvel, s.qvel))
+        if task.needs_kinematics_at_reset:
+            with wp.ScopedDevice(self._wp_device):
+                mjw.kinematics(self._model, self._data)
+                mjw.com_pos(self._model, self._data)
+                mjw.com_vel(self._model, self._data)
+        first = task.observe(s)
+        columns = task.zero_at_reset(first.shape[1])
+        if columns is not None:
+            first[:, columns] = 0.0
+        self._position = torch.where(mask, task.position(s), stepped_position)
+        return first

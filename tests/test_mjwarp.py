@@ -1,0 +1,243 @@
+"""env.backend=mjwarp: gymnasium's tasks on MuJoCo Warp, held against gymnasium's own envs.
+
+Two layers. The task code (observation, reward terms, termination) is checked on gymnasium's own
+simulation states, so nothing but the task code differs: it must agree to float32 rounding (2e-6 of
+1 + |value|). The whole env (MuJoCo Warp's float32 physics beside MuJoCo's float64) is checked from
+identical states and actions; there the two simulators drift apart as a trajectory's sensitivity
+amplifies float32 rounding, so the tolerance is the drift measured over 20 steps with margin.
+"""
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import gymnasium
+import mujoco
+import numpy as np
+import pytest
+import torch
+
+from buffers import RolloutBuffer
+from ppo.collect import Collector
+from ppo.config import ConfigError, EnvSettings
+from ppo.mjwarp_tasks import TASKS
+from ppo.normalize import ObservationNormalizer, RewardScaler
+from tests.conftest import ROOT
+from tests.test_collect import GAMMA, KnownPolicy
+
+IDS = list(TASKS)
+try:
+    import mujoco_warp  # noqa: F401
+
+    HAVE_MJWARP = True
+except ImportError:
+    HAVE_MJWARP = False
+needs_mjwarp = pytest.mark.skipif(not HAVE_MJWARP, reason='needs pip install -e ".[mjwarp]"')
+CPU = torch.device("cpu")
+
+
+def gym_env(env_id: str):
+    env = gymnasium.make(env_id).unwrapped
+    if TASKS[env_id]().newton_solver:  # as the backend runs it (MuJoCo Warp has no PGS)
+        env.model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    return env
+
+
+def state_of(env) -> SimpleNamespace:
+    """The task's view of a gymnasium env's MjData, as MuJoCo Warp's arrays give it (float32)."""
+    d = env.data
+
+    def f32(x):
+        return torch.tensor(np.asarray(x), dtype=torch.float32)[None]
+
+    return SimpleNamespace(qpos=f32(d.qpos), qvel=f32(d.qvel), ctrl=f32(d.ctrl), xpos=f32(d.xpos),
+                           xipos=f32(d.xipos), cinert=f32(d.cinert), cvel=f32(d.cvel),
+                           qfrc_actuator=f32(d.qfrc_actuator), cfrc_ext=f32(d.cfrc_ext),
+                           body_mass=torch.tensor(env.model.body_mass, dtype=torch.float32))
+
+
+def close(ours, theirs, rtol):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    return np.max(np.abs(ours - theirs) / (1 + np.abs(theirs)), initial=0.0) <= rtol
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_the_task_code_is_gymnasiums_on_its_own_states(env_id):
+    task, env = TASKS[env_id](), gym_env(env_id)
+    assert env.frame_skip == task.frame_skip
+    assert gymnasium.spec(env_id).max_episode_steps == 1000  # the truncation MjWarpEnvs takes from gymnasium
+    env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(40):
+        before = task.position(state_of(env))
+        action = rng.uniform(env.action_space.low, env.action_space.high).astype(np.float32)
+        obs, reward, terminated, _, info = env.step(action)
+        state = state_of(env)
+        assert close(task.observe(state)[0], obs, 2e-6)
+        terms = task.rewards(state, torch.tensor(action)[None], before, env.dt)
+        assert close(sum(terms.values())[0].item(), reward, 2e-6)
+        for name, value in terms.items():
+            if name in info:  # v4 names fewer of them
+                assert close(value[0].item(), info[name], 2e-6), name
+        assert bool(task.terminated(state)[0]) == terminated
+        checked += 1
+        if terminated:
+            env.reset(seed=checked)
+    assert checked == 40
+
+
+def make(env_id: str, num_envs: int, **kwargs):
+    from ppo.mjwarp import MjWarpEnvs
+
+    return MjWarpEnvs(EnvSettings(id=env_id, num_envs=num_envs, backend="mjwarp"), CPU, seed=0, **kwargs)
+
+
+# Largest drift over 20 steps of 2 worlds from gymnasium's reset states, measured on a 2-core CPU
+# (mujoco 4.0.1, mujoco-warp 4.0.0), times about 5: HalfCheetah 4.9e-3 (its gait amplifies rounding
+# fastest), Humanoid 2.0e-4, Walker2d 4.4e-5, Hopper 9.3e-6, InvertedPendulum 2.5e-7.
+DRIFT = {"HalfCheetah": 3e-2, "Humanoid": 1e-3, "Walker2d": 3e-4, "Hopper": 1e-4, "InvertedPendulum": 1e-5,
+         "Ant": 1e-4}
+# Ant: MuJoCo Warp's RK4 step and MuJoCo's differ where a leg first touches the floor (qvel by 0.2
+# in that physics step, with no task code involved; 9e-3 with Euler on both), which from gymnasium's
+# reset states happens within its 2nd step (physics steps 6-12), so Ant is compared until then.
+STEPS = {"Ant": 1}
+
+
+@needs_mjwarp
+@pytest.mark.parametrize("env_id", [i for i in IDS if i.endswith("v5")] + ["Ant-v4", "Humanoid-v4"])
+def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id):
+    name = env_id.split("-")[0]
+    gyms = [gym_env(env_id) for _ in range(2)]
+    firsts = np.stack([g.reset(seed=i)[0] for i, g in enumerate(gyms)])
+    envs = make(env_id, 2)
+    observations = envs.set_states(torch.tensor(np.stack([g.data.qpos for g in gyms])),
+                                   torch.tensor(np.stack([g.data.qvel for g in gyms])))
+    assert close(observations, firsts, 1e-6)
+    rng = np.random.default_rng(1)
+    running = [True, True]
+    for _ in range(STEPS.get(name, 20)):
+        actions = rng.uniform(gyms[0].action_space.low, gyms[0].action_space.high, (2, envs.act_dim))
+        obs, rewards, terminated, truncated = envs.step(torch.tensor(actions, dtype=torch.float32))
+        for i, g in enumerate(gyms):
+            if not running[i]:
+                continue
+            their_obs, their_reward, their_terminated, _, info = g.step(actions[i])
+            assert close(obs[i], their_obs, DRIFT[name])
+            assert close(rewards[i].item(), their_reward, DRIFT[name])
+            for term, value in envs.reward_terms.items():
+                if term in info:
+                    assert close(value[i].item(), info[term], DRIFT[name]), term
+            assert bool(terminated[i]) == their_terminated and not truncated[i]
+            running[i] = not their_terminated
+
+
+@needs_mjwarp
+@pytest.mark.parametrize("env_id", ["InvertedPendulum-v5", "HalfCheetah-v5"])
+def test_reset_states_follow_gymnasiums_noise_and_a_seed_repeats_them(env_id):
+    envs, task, model = make(env_id, 512), TASKS[env_id](), gym_env(env_id).model
+    envs.reset(seed=5)
+    qpos = envs.state.qpos - torch.tensor(model.qpos0, dtype=torch.float32)
+    qvel = envs.state.qvel.clone()
+    scale = task.reset_noise_scale
+    assert qpos.abs().max() <= scale and abs(qpos.std().item() - scale / 3**0.5) < 0.1 * scale
+    if task.reset_noise == "uniform":
+        assert qvel.abs().max() <= scale and abs(qvel.std().item() - scale / 3**0.5) < 0.1 * scale
+    else:  # scale * N(0, 1)
+        assert qvel.abs().max() > scale and abs(qvel.std().item() - scale) < 0.1 * scale
+    assert abs(qpos.mean().item()) < 0.05 * scale and abs(qvel.mean().item()) < 0.05 * scale
+    envs.reset(seed=5)
+    assert torch.equal(envs.state.qvel, qvel)
+    envs.reset(seed=6)
+    assert not torch.equal(envs.state.qvel, qvel)
+
+
+@needs_mjwarp
+def test_truncation_autoresets_on_the_next_step_and_bootstraps_the_final_observation():
+    # A short limit in place of gymnasium's 1000 steps (checked above), and actions of zero, under which
+    # the pendulum stays up this long: every episode is cut by the limit.
+    limit, num_steps = 4, 11
+    envs = make("InvertedPendulum-v5", 3, max_episode_steps=limit)
+    buffer = RolloutBuffer(num_steps, 3, envs.obs_dim, envs.act_dim, CPU)
+    policy = KnownPolicy()
+    collector = Collector(envs, policy, ObservationNormalizer(envs.obs_dim, CPU, enabled=False),
+                          RewardScaler(3, GAMMA, CPU, enabled=False), CPU, seed=0)
+    collector.collect(buffer)
+    # Steps 0-3 are episode 1 (truncated at 3), step 4 the dummy, 5-8 episode 2, 9 the dummy.
+    for env in range(3):
+        assert buffer.truncateds[:, env].nonzero().squeeze(1).tolist() == [3, 8]
+        assert buffer.valid[:, env].logical_not().nonzero().squeeze(1).tolist() == [4, 9]
+    assert not buffer.terminateds.any()
+    assert buffer.rewards[4].tolist() == [0.0] * 3 and buffer.rewards[3].tolist() == [1.0] * 3
+    # The dummy step's observation is the final one: its value is the truncated step's bootstrap...
+    assert torch.equal(buffer.bootstrap_values[3], policy.get_value(buffer.observations[4]))
+    # ...and the step after the dummy starts a new episode from gymnasium's reset noise, U(-0.01, 0.01).
+    assert buffer.observations[5].abs().max() <= 0.01 + 1e-6
+
+
+@needs_mjwarp
+def test_contact_forces_and_actuator_forces_are_zero_in_a_first_observation_as_in_gymnasium():
+    envs, env = make("Humanoid-v5", 2), gym_env("Humanoid-v5")
+    first = env.reset(seed=0)[0]
+    envs.reset(seed=0)
+    envs.step(torch.ones(2, envs.act_dim) * 0.4)  # forces now in the state...
+    envs._pending.fill_(True)  # ...and both worlds reset on the next step
+    obs, rewards, _, _ = envs.step(torch.zeros(2, envs.act_dim))
+    assert rewards.tolist() == [0.0, 0.0]
+    tail = slice(253, 348)  # qfrc_actuator[6:] and cfrc_ext[1:]
+    assert not np.any(first[tail]) and not obs[:, tail].any()
+
+
+def run_train(*overrides, code=None, timeout=300):
+    prefix = ["-c", code] if code else [str(ROOT / "train.py")]
+    return subprocess.run([sys.executable, *prefix, *overrides], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+TRAIN = ["env=InvertedPendulum-v5", "env.backend=mjwarp", "device=cpu", "env.num_envs=4", "ppo.num_steps=16",
+         "ppo.num_minibatches=2", "ppo.update_epochs=1"]
+
+
+@needs_mjwarp
+def test_train_py_trains_checkpoints_and_resumes_on_mjwarp(tmp_path):
+    first = run_train(*TRAIN, "total_timesteps=128", f"hydra.run.dir={tmp_path}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "training InvertedPendulum-v5 (mjwarp, 4 envs)" in first.stdout
+    assert first.stderr.strip().startswith("env.backend=mjwarp on the CPU")  # and nothing else
+    assert len(first.stderr.strip().splitlines()) == 1, first.stderr
+    resumed = run_train(*TRAIN, "total_timesteps=256", f"resume={tmp_path}", f"hydra.run.dir={tmp_path}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and "finished at step 256" in resumed.stdout
+    assert '"simulator": "mujoco-warp' in (tmp_path / "run_info.json").read_text()
+
+
+@needs_mjwarp
+def test_a_task_the_backend_does_not_have_names_the_ones_it_has(tmp_path):
+    result = run_train("env.id=Pusher-v5", "env.backend=mjwarp", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert line.startswith("error: env.backend=mjwarp has no task 'Pusher-v5'; it has Ant-v4, Ant-v5, ")
+    assert not (tmp_path / "run").exists()
+
+
+MISSING = """
+import runpy, sys
+sys.modules["mujoco_warp"] = None  # as where the extra is not installed
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_missing_extra_names_the_pip_command(tmp_path):
+    result = run_train(*TRAIN, f"hydra.run.dir={tmp_path / 'run'}", code=MISSING)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().startswith("error: env.backend=mjwarp needs MuJoCo Warp")
+    assert result.stderr.strip().endswith('pip install -e ".[mjwarp]"')
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_task_is_refused_before_mujoco_warp_is_imported():
+    from ppo.mjwarp import check_task
+
+    with pytest.raises(ConfigError, match="has no task 'Swimmer-v5'"):
+        check_task("Swimmer-v5")
