@@ -2,8 +2,12 @@
 
     python scripts/benchmark_e2e.py                                # Ant-v4, default config, device auto
     python scripts/benchmark_e2e.py --device cuda --iterations 40 env=Hopper-v4 env.num_envs=256
+    python scripts/benchmark_e2e.py --device cuda --worlds 1024,4096,16384 +experiment=mjwarp_ant
 
 Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
+With `env.backend=mjwarp` the raw rate is MuJoCo Warp's (ppo.mjwarp, random actions, synchronised at
+the end), `--worlds` measures each world count in turn, and the CleanRL-style loop (an envpool loop)
+is skipped.
 1. raw: envpool stepping with random actions, same num_envs and threads, no learning; measured
    before and after ours (a shared GPU host's rate drifts by 20-30% between runs), and the ratio
    taken against their mean; threads pinned as training pins them (`env.pin_threads`), and the
@@ -62,6 +66,29 @@ def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> fl
     return steps * num_envs / elapsed
 
 
+def raw_mjwarp_sps(env: EnvSettings, device: torch.device, steps: int, seed: int = 1) -> float:
+    from ppo.mjwarp import MjWarpEnvs
+
+    envs = MjWarpEnvs(env, device, seed)
+    envs.reset(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    low, high = envs.action_low, envs.action_high
+    actions = [low + (high - low) * torch.rand(env.num_envs, envs.act_dim, generator=generator, device=device)
+               for _ in range(16)]
+    for i in range(5):
+        envs.step(actions[i % 16])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for i in range(steps):
+        envs.step(actions[i % 16])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    envs.close()
+    return steps * env.num_envs / elapsed
+
+
 def our_sps(settings, device: torch.device, warmup: int) -> tuple[float, dict[str, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -82,7 +109,16 @@ def main() -> None:
     parser.add_argument("--cleanrl", choices=("both", "cleanrl-layout", "our-layout", "none"), default="both",
                         help="which CleanRL-style baselines to run (see above)")
     parser.add_argument("--skip-cleanrl", action="store_true", help="same as --cleanrl none")
+    parser.add_argument("--worlds", help="env.backend=mjwarp: comma-separated world counts, each measured in turn")
     args, overrides = parser.parse_known_args()
+    if args.worlds:
+        for count in args.worlds.split(","):
+            measure(args, [*overrides, f"env.num_envs={int(count)}"])
+    else:
+        measure(args, overrides)
+
+
+def measure(args, overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -107,20 +143,32 @@ def main() -> None:
           f"{os.cpu_count()} CPUs ({cpu}); "
           f"torch {torch.__version__}; {time.strftime('%Y-%m-%d')}", flush=True)
     raw_steps = max(200, 20000 // env.num_envs)
-    pinned = pins_threads(env, device)  # raw steps the envs as training does (env.pin_threads)
-    pinning = "pinned" if pinned else "unpinned"
-    raw_before = raw_env_sps(env, pinned, steps=raw_steps)
-    print(f"raw envpool, random actions:   {raw_before:10,.0f} steps/s ({envpool_threads(env)} threads, {pinning})",
-          flush=True)
-    ours, breakdown = our_sps(settings, device, args.warmup)
-    raw_after = raw_env_sps(env, pinned, steps=raw_steps)
-    raw = (raw_before + raw_after) / 2
-    print(f"raw envpool again, after ours: {raw_after:10,.0f} steps/s (mean {raw:,.0f})", flush=True)
-    print(f"ours (steady state):           {ours:10,.0f} steps/s  = {ours / raw:5.1%} of raw (the mean)", flush=True)
-    # The other setting's raw rate too: the ratio above must not gain from a slower raw loop.
-    other = raw_env_sps(env, not pinned, steps=raw_steps)
-    print(f"raw envpool, {'unpinned' if pinned else 'pinned'} threads:  {other:10,.0f} steps/s -> ours is "
-          f"{ours / other:5.1%} of it", flush=True)
+    if env.backend == "mjwarp":
+        raw_before = raw_mjwarp_sps(env, device, steps=max(20, raw_steps // 10))
+        print(f"raw MuJoCo Warp, random actions: {raw_before:10,.0f} steps/s", flush=True)
+        ours, breakdown = our_sps(settings, device, args.warmup)
+        raw_after = raw_mjwarp_sps(env, device, steps=max(20, raw_steps // 10))
+        raw = (raw_before + raw_after) / 2
+        print(f"raw MuJoCo Warp again:           {raw_after:10,.0f} steps/s (mean {raw:,.0f})", flush=True)
+        print(f"ours (steady state):             {ours:10,.0f} steps/s  = {ours / raw:5.1%} of raw (the mean)",
+              flush=True)
+        args.cleanrl, args.skip_cleanrl = "none", True  # its loop steps envpool
+    else:
+        pinned = pins_threads(env, device)  # raw steps the envs as training does (env.pin_threads)
+        pinning = "pinned" if pinned else "unpinned"
+        raw_before = raw_env_sps(env, pinned, steps=raw_steps)
+        print(f"raw envpool, random actions:   {raw_before:10,.0f} steps/s ({envpool_threads(env)} threads, "
+              f"{pinning})", flush=True)
+        ours, breakdown = our_sps(settings, device, args.warmup)
+        raw_after = raw_env_sps(env, pinned, steps=raw_steps)
+        raw = (raw_before + raw_after) / 2
+        print(f"raw envpool again, after ours: {raw_after:10,.0f} steps/s (mean {raw:,.0f})", flush=True)
+        print(f"ours (steady state):           {ours:10,.0f} steps/s  = {ours / raw:5.1%} of raw (the mean)",
+              flush=True)
+        # The other setting's raw rate too: the ratio above must not gain from a slower raw loop.
+        other = raw_env_sps(env, not pinned, steps=raw_steps)
+        print(f"raw envpool, {'unpinned' if pinned else 'pinned'} threads:  {other:10,.0f} steps/s -> ours is "
+              f"{ours / other:5.1%} of it", flush=True)
     per_iteration = breakdown["time/iteration"]
     for tag in ("time/env", "time/inference", "time/gae", "time/update"):
         print(f"    {tag:16s} {breakdown[tag] * 1e3:9.2f} ms/iteration ({breakdown[tag] / per_iteration:6.2%})")
