@@ -20,6 +20,7 @@ import torch
 from buffers import RolloutBuffer
 from ppo.collect import Collector
 from ppo.config import ConfigError, EnvSettings
+from ppo.envs import print_mujoco_warnings_once
 from ppo.mjwarp_tasks import TASKS
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.conftest import ROOT
@@ -37,6 +38,7 @@ CPU = torch.device("cpu")
 
 
 def gym_env(env_id: str):
+    print_mujoco_warnings_once()  # HalfCheetah's XML warns: to stderr, not into MUJOCO_LOG.TXT here
     env = gymnasium.make(env_id).unwrapped
     if TASKS[env_id]().newton_solver:  # as the backend runs it (MuJoCo Warp has no PGS)
         env.model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
