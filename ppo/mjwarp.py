@@ -224,9 +224,16 @@ class MjWarpEnvs:
         with wp.ScopedDevice(self._wp_device), wp.ScopedStream(stream):
             if self._simulate_graph is None:
                 run()  # the first call compiles and loads the kernels, which a capture cannot do
-                with wp.ScopedCapture() as capture:
-                    run()
-                self._simulate_graph = capture.graph
+                try:
+                    with wp.ScopedCapture() as capture:
+                        run()
+                    self._simulate_graph = capture.graph
+                except Exception as error:  # e.g. torch's legacy default stream, which CUDA cannot capture
+                    self._simulate_graph = False
+                    print(f"MuJoCo Warp: the step is not captured as a CUDA graph ({error}); it runs uncaptured",
+                          file=sys.stderr, flush=True)
+            elif self._simulate_graph is False:
+                run()
             else:
                 wp.capture_launch(self._simulate_graph)
 

@@ -13,7 +13,9 @@ from ppo.config import ConfigError, TrainSettings
 
 # Resident memory per simulated env, measured with 512 envpool envs (0.72-0.82 MB: HalfCheetah, Ant,
 # Humanoid v4) and 64 gymnasium ones (1.09-1.19 MB), rounded up.
-SIMULATOR_BYTES = {"envpool": 1 << 20, "gymnasium": 3 << 19}
+# MuJoCo Warp's per-world arrays: 26 KB (Ant) and 37 KB (Humanoid) with 1024 worlds, rounded up; they
+# live on the run's device (counted with the buffer there).
+SIMULATOR_BYTES = {"envpool": 1 << 20, "gymnasium": 3 << 19, "mjwarp": 1 << 16}
 # Float32 numbers a sample keeps in the rollout buffer and its flattened copy (buffers.RolloutBuffer):
 # observation and action twice, and a dozen scalars (log-prob, value, reward, advantage, ...).
 SCALARS_PER_SAMPLE = 12
@@ -38,6 +40,9 @@ def check_resources(settings: TrainSettings, device: torch.device, observation_a
         return 4 * num_steps * (2 * size + SCALARS_PER_SAMPLE)
 
     host, gpu = free_host_memory(), free_gpu_memory(device)
+    if settings.env.backend == "mjwarp" and gpu is not None:  # worlds and buffer both on the GPU
+        size = observation_action_size() if observation_action_size else 1024
+        return _check_device_only(num_envs, simulator + buffer_bytes(size), gpu, num_steps, device)
     if fits(num_envs, simulator, buffer_bytes(1024), host, gpu):
         return
     size = observation_action_size() if observation_action_size else 1024
@@ -54,6 +59,13 @@ def check_resources(settings: TrainSettings, device: torch.device, observation_a
         f"`env.num_envs={num_envs}` needs about {_gb(num_envs * (simulator + per_buffer))} (the simulators "
         f"~{simulator / 2**20:.1f} MB an env, the rollout buffer ~{per_buffer / 2**20:.2f} MB an env at "
         f"ppo.num_steps={num_steps}); this machine has {where}: at most {max(most, 0):,} envs fit")
+
+
+def _check_device_only(num_envs: int, per_env: int, gpu: int, num_steps: int, device) -> None:
+    if num_envs * per_env > USABLE * gpu:
+        raise ConfigError(f"`env.num_envs={num_envs}` needs about {_gb(num_envs * per_env)} on {device} (MuJoCo Warp "
+                          f"worlds and the rollout buffer at ppo.num_steps={num_steps}); it has {_gb(gpu)} free: "
+                          f"at most {int(USABLE * gpu) // per_env:,} envs fit")
 
 
 def fits(num_envs: int, simulator: int, per_buffer: int, host: int, gpu: int | None) -> bool:

@@ -49,7 +49,7 @@ def test_any_env_id_without_a_file():
     ("ppo.num_minibatches=7", r"`ppo.num_minibatches` \(7\) must divide the batch, env.num_envs x ppo.num_steps = "
                               r"64 x 32 = 2048; the nearest that do: 4 and 8$"),
     ("ppo.num_minibatches=48 ppo.num_steps=10", r"= 64 x 10 = 640; the nearest that do: 40 and 64$"),
-    ("env.backend=isaac", "`env.backend` must be envpool, gymnasium or auto, got 'isaac'"),
+    ("env.backend=isaac", "`env.backend` must be envpool, gymnasium, mjwarp or auto, got 'isaac'"),
     ("checkpoint.every=-1", "`checkpoint.every` must be non-negative, got -1"),
     ("ppo.vf_coef=-0.5", "`ppo.vf_coef` must be non-negative, got -0.5"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),

@@ -211,6 +211,10 @@ def test_train_py_trains_checkpoints_and_resumes_on_mjwarp(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and "finished at step 256" in resumed.stdout
     assert '"simulator": "mujoco-warp' in (tmp_path / "run_info.json").read_text()
+    # Its policy on gymnasium's own simulator: the same task, so the same observation layout.
+    evaluated = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path), "--episodes",
+                                "2", "--backend", "gymnasium"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0 and "2 episodes: mean return" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
 @needs_mjwarp

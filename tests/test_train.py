@@ -250,7 +250,7 @@ def test_multirun_makes_one_dir_per_job(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("env.id=Antt-v4", "error: unknown environment id 'Antt-v4' for env.backend=envpool. Did you mean: Ant-v4"),
     ("ppo.num_minibatches=3", "error: `ppo.num_minibatches` (3) must divide the batch"),
-    ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium or auto"),
+    ("env.backend=brax", "error: `env.backend` must be envpool, gymnasium, mjwarp or auto"),
     ("resume=/nonexistent/run", "error: resume=/nonexistent/run: no checkpoint"),
     (f"resume={ROOT / 'README.md'}", f"error: resume={ROOT / 'README.md'}: {ROOT / 'README.md'} is not a checkpoint: "
                                      "not a file torch.save wrote"),
