@@ -35,43 +35,35 @@ def check_resources(settings: TrainSettings, device: torch.device, observation_a
                               f"at most {cpus}, or 0 for the default")
     num_envs, num_steps = settings.env.num_envs, settings.ppo.num_steps
     simulator = SIMULATOR_BYTES.get(settings.env.backend, max(SIMULATOR_BYTES.values()))
-
-    def buffer_bytes(size: int) -> int:  # per env
-        return 4 * num_steps * (2 * size + SCALARS_PER_SAMPLE)
-
     host, gpu = free_host_memory(), free_gpu_memory(device)
-    if settings.env.backend == "mjwarp" and gpu is not None:  # worlds and buffer both on the GPU
-        size = observation_action_size() if observation_action_size else 1024
-        return _check_device_only(num_envs, simulator + buffer_bytes(size), gpu, num_steps, device)
-    if fits(num_envs, simulator, buffer_bytes(1024), host, gpu):
+    worlds_on_device = gpu is not None and settings.env.backend == "mjwarp"
+
+    def per_env(size: int) -> tuple[int, int]:
+        """Bytes an env takes in host memory and on the GPU, for observations and actions of `size`."""
+        buffer = 4 * num_steps * (2 * size + SCALARS_PER_SAMPLE)
+        if gpu is None:
+            return simulator + buffer, 0
+        return (0, simulator + buffer) if worlds_on_device else (simulator, buffer)
+
+    def fits(size: int) -> bool:
+        on_host, on_gpu = per_env(size)
+        return num_envs * on_host <= USABLE * host and (gpu is None or num_envs * on_gpu <= USABLE * gpu)
+
+    if fits(1024):
         return
     size = observation_action_size() if observation_action_size else 1024
-    per_buffer = buffer_bytes(size)
-    if fits(num_envs, simulator, per_buffer, host, gpu):
+    if fits(size):
         return
-    on_gpu = gpu is not None
-    per_env = simulator if on_gpu else simulator + per_buffer
-    most = int(USABLE * host) // per_env
-    if on_gpu:
-        most = min(most, int(USABLE * gpu) // per_buffer)
-    where = (f"{_gb(host)} free in memory and {_gb(gpu)} on {device}" if on_gpu else f"{_gb(host)} free")
+    on_host, on_gpu = per_env(size)
+    most = min(int(USABLE * host) // on_host if on_host else num_envs,
+               int(USABLE * gpu) // on_gpu if on_gpu else num_envs)
+    buffer = 4 * num_steps * (2 * size + SCALARS_PER_SAMPLE)
+    where = f"{_gb(host)} free in memory and {_gb(gpu)} on {device}" if gpu is not None else f"{_gb(host)} free"
     raise ConfigError(
-        f"`env.num_envs={num_envs}` needs about {_gb(num_envs * (simulator + per_buffer))} (the simulators "
-        f"~{simulator / 2**20:.1f} MB an env, the rollout buffer ~{per_buffer / 2**20:.2f} MB an env at "
-        f"ppo.num_steps={num_steps}); this machine has {where}: at most {max(most, 0):,} envs fit")
-
-
-def _check_device_only(num_envs: int, per_env: int, gpu: int, num_steps: int, device) -> None:
-    if num_envs * per_env > USABLE * gpu:
-        raise ConfigError(f"`env.num_envs={num_envs}` needs about {_gb(num_envs * per_env)} on {device} (MuJoCo Warp "
-                          f"worlds and the rollout buffer at ppo.num_steps={num_steps}); it has {_gb(gpu)} free: "
-                          f"at most {int(USABLE * gpu) // per_env:,} envs fit")
-
-
-def fits(num_envs: int, simulator: int, per_buffer: int, host: int, gpu: int | None) -> bool:
-    if gpu is None:
-        return num_envs * (simulator + per_buffer) <= USABLE * host
-    return num_envs * simulator <= USABLE * host and num_envs * per_buffer <= USABLE * gpu
+        f"`env.num_envs={num_envs}` needs about {_gb(num_envs * (simulator + buffer))} (the simulators "
+        f"~{simulator / 2**20:.2f} MB an env{' on the GPU' if worlds_on_device else ''}, the rollout buffer "
+        f"~{buffer / 2**20:.2f} MB an env at ppo.num_steps={num_steps}); this machine has {where}: at most "
+        f"{max(most, 0):,} envs fit")
 
 
 def free_host_memory() -> int:
