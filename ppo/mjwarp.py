@@ -119,7 +119,7 @@ class MjWarpEnvs:
         self._wp_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
         mjm = _gymnasium_model(task)
         self.dt = float(mjm.opt.timestep) * task.frame_skip
-        with wp.ScopedDevice(self._wp_device):
+        with self._warp_scope():
             self._model = mjw.put_model(mjm)
             self._data = mjw.make_data(mjm, nworld=self.num_envs)
         d = self._data
@@ -134,7 +134,7 @@ class MjWarpEnvs:
         self.act_dim = mjm.nu
         self.action_low = torch.as_tensor(low, dtype=torch.float32, device=device)
         self.action_high = torch.as_tensor(high, dtype=torch.float32, device=device)
-        self._generator = torch.Generator(device=device)
+        self._generator = torch.Generator(device=device).manual_seed(seed)  # reset(seed) seeds it again
         self._reset_mask = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self._reset_mask_wp = wp.from_torch(self._reset_mask)
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=device)
@@ -161,7 +161,7 @@ class MjWarpEnvs:
         """Queue the step on the device; nothing here waits for it."""
         s, task = self.state, self.task
         action = actions.to(self.device, torch.float32)
-        before = self._position.clone()
+        before = self._position  # replaced, not written in place, by _reset_worlds below
         s.ctrl.copy_(action)
         self._simulate()
         observations = task.observe(s)
@@ -204,6 +204,16 @@ class MjWarpEnvs:
         self._simulate_graph = None
 
     # --- the simulator ---
+    def _warp_scope(self):
+        """Where Warp launches: the run's device and, on CUDA, torch's current stream, so that Warp's kernels
+        and the torch ops around them are ordered without a host sync."""
+        wp = self._wp
+        scope = contextlib.ExitStack()
+        scope.enter_context(wp.ScopedDevice(self._wp_device))
+        if self.device.type == "cuda":
+            scope.enter_context(wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(self.device))))
+        return scope
+
     def _simulate(self) -> None:
         """frame_skip physics steps of every world, then what the observation reads that a step leaves
         out (cfrc_ext: gymnasium runs mj_rnePostConstraint after its steps). On CUDA, replayed as one
@@ -216,13 +226,10 @@ class MjWarpEnvs:
             if self.task.needs_contact_forces:
                 mjw.rne_postconstraint(self._model, self._data)
 
-        if self.device.type != "cuda":
-            with wp.ScopedDevice(self._wp_device):
+        with self._warp_scope():
+            if self.device.type != "cuda" or self._simulate_graph is False:
                 run()
-            return
-        stream = wp.stream_from_torch(torch.cuda.current_stream(self.device))
-        with wp.ScopedDevice(self._wp_device), wp.ScopedStream(stream):
-            if self._simulate_graph is None:
+            elif self._simulate_graph is None:
                 run()  # the first call compiles and loads the kernels, which a capture cannot do
                 try:
                     with wp.ScopedCapture() as capture:
@@ -232,8 +239,6 @@ class MjWarpEnvs:
                     self._simulate_graph = False
                     print(f"MuJoCo Warp: the step is not captured as a CUDA graph ({error}); it runs uncaptured",
                           file=sys.stderr, flush=True)
-            elif self._simulate_graph is False:
-                run()
             else:
                 wp.capture_launch(self._simulate_graph)
 
@@ -262,17 +267,17 @@ class MjWarpEnvs:
         """Reset the worlds in `_reset_mask` as gymnasium does (mj_resetData, then qpos and qvel plus the
         task's noise, then mj_forward's kinematics) and return their first observations (the rows of the
         others say nothing)."""
-        wp, mjw, s, task = self._wp, self._mjw, self.state, self.task
+        mjw, s, task = self._mjw, self.state, self.task
         if qpos is None:
             qpos, qvel = self._noisy_state()
         stepped_position = task.position(s).clone()  # before the kinematics below rewrite what it reads
-        with wp.ScopedDevice(self._wp_device):
+        with self._warp_scope():
             mjw.reset_data(self._model, self._data, reset=self._reset_mask_wp)
         mask = self._reset_mask[:, None]
         s.qpos.copy_(torch.where(mask, qpos, s.qpos))
         s.qvel.copy_(torch.where(mask, qvel, s.qvel))
         if task.needs_kinematics_at_reset:
-            with wp.ScopedDevice(self._wp_device):
+            with self._warp_scope():
                 mjw.kinematics(self._model, self._data)
                 mjw.com_pos(self._model, self._data)
                 mjw.com_vel(self._model, self._data)
