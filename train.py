@@ -27,7 +27,14 @@ from omegaconf import DictConfig  # noqa: E402
 from hydra_edge import check_command_line, checked, command_line_keys, refuse, run_dir_claimed  # noqa: E402
 from ppo import run_dir as run_records  # noqa: E402
 from ppo.config import ConfigError  # noqa: E402
-from ppo.signals import EXIT_FAILED, EXIT_STOPPED, Interrupted, StopOnSignal, interrupt_on_signals  # noqa: E402
+from ppo.signals import (  # noqa: E402
+    EXIT_FAILED,
+    EXIT_STOPPED,
+    Interrupted,
+    StopOnSignal,
+    interrupt_on_signals,
+    stopped_during_start_up,
+)
 from ppo.trainer import TrainingFailed, train  # noqa: E402
 
 
@@ -59,7 +66,7 @@ def ended_by_signal(interrupt: Interrupted) -> None:
     removed = [run_dir for run_dir in run_records.new_dirs() if run_records.discard_if_new(run_dir)]
     if not interrupt.said:
         gone = f"; its new run dir was removed ({removed[0]})" if removed else ""
-        print(f"stopped by {interrupt.name} during start-up; nothing was trained{gone}", file=sys.stderr, flush=True)
+        print(stopped_during_start_up(interrupt.name) + gone, file=sys.stderr, flush=True)
     sys.exit(interrupt.exit_code)
 
 

@@ -41,9 +41,13 @@ def quit_on_signals() -> None:
         signal.signal(sig, _quit)
 
 
+def stopped_during_start_up(name: str) -> str:
+    """The line a signal before training ends the run with (`name`: SIGINT or SIGTERM)."""
+    return f"stopped by {name} during start-up; nothing was trained"
+
+
 def _quit(signum: int, frame) -> None:
-    print(f"stopped by {signal.Signals(signum).name} during start-up; nothing was trained", file=sys.stderr,
-          flush=True)
+    print(stopped_during_start_up(signal.Signals(signum).name), file=sys.stderr, flush=True)
     os._exit(128 + signum)
 
 

@@ -77,7 +77,8 @@ def train_command(args, run_dir: Path, resume: bool, total_timesteps: int) -> li
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:  # its own session, so SIGKILL reaches the env workers too
+    # A process group of its own: killpg also ends the processes it starts (torch.compile's workers).
+    with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
