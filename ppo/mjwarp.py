@@ -2,8 +2,8 @@
 VecEnv interface of ppo.envs, with gymnasium's task definitions (ppo.mjwarp_tasks).
 
 Observations, rewards and flags are torch tensors computed on the device from views of Warp's arrays:
-no host copy per step, and no host sync (Warp launches on torch's current CUDA stream, and a step's
-simulation replays as one Warp CUDA graph after its first call).
+no host copy per step, and nothing here waits for the device (Warp launches on torch's current CUDA
+stream, and a step's simulation is captured as one Warp CUDA graph after its first call).
 
 Autoreset stays next-step, as on envpool and gymnasium: a world that ended is reset on the following
 step, which ignores its action and returns reward 0 and the new episode's first observation. So the
