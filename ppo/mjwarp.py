@@ -139,7 +139,9 @@ class MjWarpEnvs:
         self._reset_mask_wp = wp.from_torch(self._reset_mask)
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=device)
         self._pending = torch.zeros(self.num_envs, dtype=torch.bool, device=device)  # ended last step
-        self._simulate_graph = None
+        self._graphs: dict[str, object] = {}  # name: Warp graph, or False where capture failed
+        self._graph_stream = None
+        self._streams: dict[int, object] = {}  # torch stream handle: its Warp wrapper
         self.reward_terms: dict[str, torch.Tensor] = {}
         self._simulate()  # compiles Warp's kernels (once per machine; cached in ~/.cache/warp)
         self._position = task.position(self.state).clone()  # each world's, where its last step left it
@@ -201,7 +203,7 @@ class MjWarpEnvs:
             torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)))
 
     def close(self) -> None:
-        self._simulate_graph = None
+        self._graphs.clear()
 
     # --- the simulator ---
     def _warp_scope(self):
@@ -211,36 +213,69 @@ class MjWarpEnvs:
         scope = contextlib.ExitStack()
         scope.enter_context(wp.ScopedDevice(self._wp_device))
         if self.device.type == "cuda":
-            scope.enter_context(wp.ScopedStream(wp.stream_from_torch(torch.cuda.current_stream(self.device))))
+            scope.enter_context(wp.ScopedStream(self._torch_stream()))
         return scope
+
+    def _torch_stream(self):
+        """Torch's current CUDA stream as a Warp stream, one wrapper per stream (each holds its own event)."""
+        stream = torch.cuda.current_stream(self.device)
+        if stream.cuda_stream not in self._streams:
+            self._streams[stream.cuda_stream] = self._wp.stream_from_torch(stream)
+        return self._streams[stream.cuda_stream]
 
     def _simulate(self) -> None:
         """frame_skip physics steps of every world, then what the observation reads that a step leaves
         out (cfrc_ext: gymnasium runs mj_rnePostConstraint after its steps). On CUDA, replayed as one
-        Warp graph on torch's current stream after the first call."""
-        wp, mjw = self._wp, self._mjw
-
+        Warp graph after the first call."""
         def run():
             for _ in range(self.task.frame_skip):
-                mjw.step(self._model, self._data)
+                self._mjw.step(self._model, self._data)
             if self.task.needs_contact_forces:
-                mjw.rne_postconstraint(self._model, self._data)
+                self._mjw.rne_postconstraint(self._model, self._data)
 
-        with self._warp_scope():
-            if self.device.type != "cuda" or self._simulate_graph is False:
+        self._launch("simulate", run)
+
+    def _launch(self, name: str, run) -> None:
+        """Run `run`'s Warp launches on the run's device, ordered after the torch ops before them. On CUDA
+        the first call compiles and loads the kernels (a capture cannot), the second captures them as a
+        Warp graph on a stream of their own, and later calls replay it there: torch's default stream is
+        CUDA's legacy stream, which cannot be captured, so the graph's stream waits for torch's and
+        torch's for it (device-side events, no host sync)."""
+        wp = self._wp
+        graph = self._graphs.get(name)
+        if self.device.type != "cuda" or graph is False or graph is None:
+            with self._warp_scope():
                 run()
-            elif self._simulate_graph is None:
-                run()  # the first call compiles and loads the kernels, which a capture cannot do
-                try:
-                    with wp.ScopedCapture() as capture:
-                        run()
-                    self._simulate_graph = capture.graph
-                except Exception as error:  # e.g. torch's legacy default stream, which CUDA cannot capture
-                    self._simulate_graph = False
-                    print(f"MuJoCo Warp: the step is not captured as a CUDA graph ({error}); it runs uncaptured",
-                          file=sys.stderr, flush=True)
-            else:
-                wp.capture_launch(self._simulate_graph)
+            if graph is None and self.device.type == "cuda":
+                self._graphs[name] = self._capture(name, run)
+            return
+        torch_stream = self._torch_stream()
+        self._graph_stream.wait_stream(torch_stream)
+        wp.capture_launch(graph, stream=self._graph_stream)
+        torch_stream.wait_stream(self._graph_stream)
+
+    def _capture(self, name: str, run):
+        """A Warp graph of `run`, or False (said once) where CUDA cannot capture it."""
+        wp = self._wp
+        if self._graph_stream is None:
+            self._graph_stream = wp.Stream(self._wp_device)
+        torch_stream = self._torch_stream()
+        try:
+            self._graph_stream.wait_stream(torch_stream)
+            with wp.ScopedDevice(self._wp_device), wp.ScopedCapture(stream=self._graph_stream) as capture:
+                run()
+            torch_stream.wait_stream(self._graph_stream)
+            return capture.graph
+        except Exception as error:
+            print(f"MuJoCo Warp: the {name} is not captured as a CUDA graph ({error}); it runs uncaptured",
+                  file=sys.stderr, flush=True)
+            return False
+
+    def _kinematics(self) -> None:
+        mjw = self._mjw
+        mjw.kinematics(self._model, self._data)
+        mjw.com_pos(self._model, self._data)
+        mjw.com_vel(self._model, self._data)
 
     def _noisy_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every world's reset state as gymnasium's reset_model draws it: init_qpos + U(-scale, scale), and
@@ -271,16 +306,12 @@ class MjWarpEnvs:
         if qpos is None:
             qpos, qvel = self._noisy_state()
         stepped_position = task.position(s).clone()  # before the kinematics below rewrite what it reads
-        with self._warp_scope():
-            mjw.reset_data(self._model, self._data, reset=self._reset_mask_wp)
+        self._launch("reset", lambda: mjw.reset_data(self._model, self._data, reset=self._reset_mask_wp))
         mask = self._reset_mask[:, None]
         s.qpos.copy_(torch.where(mask, qpos, s.qpos))
         s.qvel.copy_(torch.where(mask, qvel, s.qvel))
         if task.needs_kinematics_at_reset:
-            with self._warp_scope():
-                mjw.kinematics(self._model, self._data)
-                mjw.com_pos(self._model, self._data)
-                mjw.com_vel(self._model, self._data)
+            self._launch("kinematics", self._kinematics)
         first = task.observe(s)
         columns = task.zero_at_reset(first.shape[1])
         if columns is not None:

@@ -146,6 +146,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
 
             collector.collect(buffer)
             global_step += steps_per_iteration
+            rollout_s = synchronized_seconds(iteration_start, device)  # a GPU simulator's steps end only here
 
             start = time.perf_counter()
             buffer.compute_advantages(ppo.gamma, ppo.gae_lambda)
@@ -177,7 +178,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                 "charts/SPS": logger.sps(global_step), "charts/learning_rate": values["learning_rate"],
                 **{f"losses/{n}": values[n] for n in LOSS_TAGS},
                 "time/env": collector.env_seconds - env_s, "time/inference": collector.inference_seconds - inference_s,
-                "time/gae": gae_s, "time/update": update_s, "time/iteration": time.perf_counter() - iteration_start,
+                "time/rollout": rollout_s, "time/gae": gae_s, "time/update": update_s,
+                "time/iteration": time.perf_counter() - iteration_start,
             })
             logger.progress(global_step, mean_return)
             if settings.checkpoint.every and iteration % settings.checkpoint.every == 0 and workers.is_main:

@@ -35,6 +35,9 @@ except ImportError:
     HAVE_MJWARP = False
 needs_mjwarp = pytest.mark.skipif(not HAVE_MJWARP, reason='needs pip install -e ".[mjwarp]"')
 CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+DEVICES = [CPU, *([CUDA] if torch.cuda.is_available() else [])]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def gym_env(env_id: str):
@@ -89,10 +92,10 @@ def test_the_task_code_is_gymnasiums_on_its_own_states(env_id):
     assert checked == 40
 
 
-def make(env_id: str, num_envs: int, **kwargs):
+def make(env_id: str, num_envs: int, device: torch.device = CPU, **kwargs):
     from ppo.mjwarp import MjWarpEnvs
 
-    return MjWarpEnvs(EnvSettings(id=env_id, num_envs=num_envs, backend="mjwarp"), CPU, seed=0, **kwargs)
+    return MjWarpEnvs(EnvSettings(id=env_id, num_envs=num_envs, backend="mjwarp"), device, seed=0, **kwargs)
 
 
 # Largest drift over 20 steps of 2 worlds from gymnasium's reset states, measured on a 2-core CPU
@@ -108,20 +111,21 @@ STEPS = {"Ant": 1}
 
 
 @needs_mjwarp
+@pytest.mark.parametrize("device", DEVICES, ids=str)
 @pytest.mark.parametrize("env_id", [i for i in IDS if i.endswith("v5")] + ["Ant-v4", "Humanoid-v4"])
-def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id):
+def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id, device):
     name = env_id.split("-")[0]
     gyms = [gym_env(env_id) for _ in range(2)]
     firsts = np.stack([g.reset(seed=i)[0] for i, g in enumerate(gyms)])
-    envs = make(env_id, 2)
+    envs = make(env_id, 2, device)
     observations = envs.set_states(torch.tensor(np.stack([g.data.qpos for g in gyms])),
                                    torch.tensor(np.stack([g.data.qvel for g in gyms])))
-    assert close(observations, firsts, 1e-6)
+    assert close(observations.cpu(), firsts, 1e-6)
     rng = np.random.default_rng(1)
     running = [True, True]
     for _ in range(STEPS.get(name, 20)):
         actions = rng.uniform(gyms[0].action_space.low, gyms[0].action_space.high, (2, envs.act_dim))
-        obs, rewards, terminated, truncated = envs.step(torch.tensor(actions, dtype=torch.float32))
+        obs, rewards, terminated, truncated = (x.cpu() for x in envs.step(torch.tensor(actions, dtype=torch.float32)))
         for i, g in enumerate(gyms):
             if not running[i]:
                 continue
@@ -189,6 +193,46 @@ def test_contact_forces_and_actuator_forces_are_zero_in_a_first_observation_as_i
     assert rewards.tolist() == [0.0, 0.0]
     tail = slice(253, 348)  # qfrc_actuator[6:] and cfrc_ext[1:]
     assert not np.any(first[tail]) and not obs[:, tail].any()
+
+
+@needs_mjwarp
+@needs_cuda
+def test_on_cuda_the_replayed_graphs_step_as_the_uncaptured_launches_do():
+    # Hopper falls within tens of steps under random actions, so resets (their own graphs) are replayed too.
+    captured, plain = make("Hopper-v5", 64, CUDA), make("Hopper-v5", 64, CUDA)
+    plain._graphs = dict.fromkeys(("simulate", "reset", "kinematics"), False)  # as where capture fails
+    generator = torch.Generator(CUDA).manual_seed(0)
+    assert torch.equal(captured.reset(seed=1), plain.reset(seed=1))
+    assert set(captured._graphs) == {"simulate", "reset"} and all(captured._graphs.values())
+    ended = 0
+    for _ in range(60):
+        actions = torch.rand(64, captured.act_dim, generator=generator, device=CUDA) * 2 - 1
+        ours, theirs = captured.step(actions), plain.step(actions)
+        for a, b in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        ended += int(ours[2].sum())
+    assert ended > 20
+
+
+@needs_mjwarp
+@needs_cuda
+def test_on_cuda_a_rollout_on_mjwarp_runs_without_a_host_sync():
+    from ppo.agent import Agent
+
+    envs = make("Hopper-v5", 64, CUDA, max_episode_steps=20)  # truncations and resets within each rollout
+    agent = Agent(envs.obs_dim, envs.act_dim).to(CUDA)
+    collector = Collector(envs, agent, ObservationNormalizer(envs.obs_dim, CUDA), RewardScaler(64, GAMMA, CUDA), CUDA,
+                          seed=0, graphs=True)
+    buffer = RolloutBuffer(50, 64, envs.obs_dim, envs.act_dim, CUDA)
+    collector.collect(buffer)  # eager, then captured: the captures may wait for the device
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any torch op that waits for the device raises
+    try:
+        for _ in range(2):
+            collector.collect(buffer)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert buffer.truncateds.any() and not buffer.valid.all() and torch.isfinite(buffer.observations).all()
 
 
 def run_train(*overrides, code=None, timeout=300):
