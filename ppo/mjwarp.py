@@ -98,6 +98,15 @@ def _gymnasium_model(task: Task):
     return model
 
 
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (C. Wellons' lowbias32) of int64 values, element-wise; the products wrap in
+    int64 and are masked back to 32 bits."""
+    x = x & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+    x = ((x ^ (x >> 15)) * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
 class MjWarpEnvs:
     """`settings.num_envs` worlds of `settings.id` on `device`. `max_episode_steps` defaults to gymnasium's
     registered limit for the id (1000 for every task here)."""
@@ -134,7 +143,9 @@ class MjWarpEnvs:
         self.act_dim = mjm.nu
         self.action_low = torch.as_tensor(low, dtype=torch.float32, device=device)
         self.action_high = torch.as_tensor(high, dtype=torch.float32, device=device)
-        self._generator = torch.Generator(device=device).manual_seed(seed)  # reset(seed) seeds it again
+        self._seed_key = self._key_of(seed)  # reset(seed) replaces it
+        self._world = torch.arange(self.num_envs, device=device)
+        self._episodes = torch.zeros(self.num_envs, dtype=torch.int64, device=device)  # each world's resets so far
         self._reset_mask = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self._reset_mask_wp = wp.from_torch(self._reset_mask)
         self._elapsed = torch.zeros(self.num_envs, dtype=torch.int64, device=device)
@@ -150,9 +161,11 @@ class MjWarpEnvs:
 
     # --- VecEnv ---
     def reset(self, seed: int) -> torch.Tensor:
-        """Every world starts a new episode; the reset noise comes from one device generator seeded with
-        `seed`, so a seed repeats its run on one machine."""
-        self._generator.manual_seed(seed)
+        """Every world starts a new episode. Each world's reset noise is a function of the seed, the world's
+        index and how many episodes it has begun, so a seed repeats its run, and world i's episodes do not
+        depend on how many worlds run beside it."""
+        self._seed_key = self._key_of(seed)
+        self._episodes.zero_()
         self._reset_mask.fill_(True)
         observations = self._reset_worlds()
         self._elapsed.zero_()
@@ -280,14 +293,25 @@ class MjWarpEnvs:
     def _noisy_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every world's reset state as gymnasium's reset_model draws it: init_qpos + U(-scale, scale), and
         init_qvel + U(-scale, scale) or + scale * N(0, 1), as the task says."""
-        task, n = self.task, self.num_envs
+        task = self.task
         nq, nv = self._init_qpos.numel(), self._init_qvel.numel()
         scale = task.reset_noise_scale
-        uniform = torch.rand(n, nq + nv, generator=self._generator, device=self.device) * (2 * scale) - scale
-        qpos = self._init_qpos + uniform[:, :nq]
-        if task.reset_noise == "uniform_normal":
-            return qpos, self._init_qvel + scale * torch.randn(n, nv, generator=self._generator, device=self.device)
-        return qpos, self._init_qvel + uniform[:, nq:]
+        uniform = self._uniform(nq + 2 * nv)
+        qpos = self._init_qpos + uniform[:, :nq] * (2 * scale) - scale
+        if task.reset_noise == "uniform_normal":  # Box-Muller on the two columns per qvel entry
+            radius = torch.sqrt(-2 * torch.log1p(-uniform[:, nq:nq + nv]))
+            return qpos, self._init_qvel + scale * radius * torch.cos(2 * torch.pi * uniform[:, nq + nv:])
+        return qpos, self._init_qvel + uniform[:, nq:nq + nv] * (2 * scale) - scale
+
+    def _uniform(self, count: int) -> torch.Tensor:
+        """`[W, count]` numbers in [0, 1), each a hash of (seed, world, the world's episode count, column):
+        counter-based, so no generator state is shared between worlds."""
+        key = _hash32(_hash32(self._seed_key ^ self._world) ^ (self._episodes & 0xFFFFFFFF))
+        columns = torch.arange(1, count + 1, device=self.device) * 0x9E3779B9
+        return (_hash32(key[:, None] + columns) >> 8).float() * 2.0**-24
+
+    def _key_of(self, seed: int) -> torch.Tensor:
+        return _hash32(torch.tensor(seed % 2**32, device=self.device))
 
     def set_states(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
         """Start every world's episode from the given `[W, nq]` and `[W, nv]` state instead of a noisy one
@@ -317,4 +341,5 @@ class MjWarpEnvs:
         if columns is not None:
             first[:, columns] = 0.0
         self._position = torch.where(mask, task.position(s), stepped_position)
+        self._episodes += self._reset_mask
         return first

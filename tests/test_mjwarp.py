@@ -141,10 +141,11 @@ def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id, dev
 
 @needs_mjwarp
 @pytest.mark.parametrize("env_id", ["InvertedPendulum-v5", "HalfCheetah-v5"])
-def test_reset_states_follow_gymnasiums_noise_and_a_seed_repeats_them(env_id):
+def test_reset_states_follow_gymnasiums_noise_and_each_world_has_its_own_seeded_stream(env_id):
     envs, task, model = make(env_id, 512), TASKS[env_id](), gym_env(env_id).model
     envs.reset(seed=5)
-    qpos = envs.state.qpos - torch.tensor(model.qpos0, dtype=torch.float32)
+    first_qpos = envs.state.qpos.clone()
+    qpos = first_qpos - torch.tensor(model.qpos0, dtype=torch.float32)
     qvel = envs.state.qvel.clone()
     scale = task.reset_noise_scale
     assert qpos.abs().max() <= scale and abs(qpos.std().item() - scale / 3**0.5) < 0.1 * scale
@@ -153,33 +154,49 @@ def test_reset_states_follow_gymnasiums_noise_and_a_seed_repeats_them(env_id):
     else:  # scale * N(0, 1)
         assert qvel.abs().max() > scale and abs(qvel.std().item() - scale) < 0.1 * scale
     assert abs(qpos.mean().item()) < 0.05 * scale and abs(qvel.mean().item()) < 0.05 * scale
+    envs._reset_mask.fill_(True)
+    envs._reset_worlds()  # every world's second episode: new noise
+    assert not torch.isclose(envs.state.qvel, qvel).any()
     envs.reset(seed=5)
     assert torch.equal(envs.state.qvel, qvel)
     envs.reset(seed=6)
-    assert not torch.equal(envs.state.qvel, qvel)
+    assert not torch.isclose(envs.state.qvel, qvel).any()
+    # World i's noise is its own: the same with 7 worlds beside it as with 511.
+    fewer = make(env_id, 7)
+    fewer.reset(seed=5)
+    assert torch.equal(fewer.state.qvel, qvel[:7]) and torch.equal(fewer.state.qpos, first_qpos[:7])
+
+
+class Balancing(KnownPolicy):
+    """KnownPolicy's value, and a PD controller's action that keeps InvertedPendulum up for good."""
+
+    def sample_action(self, obs):
+        x, angle, x_velocity, angular_velocity = obs.T
+        action = (3.0 * angle + 0.5 * angular_velocity + 0.3 * x_velocity).clamp(-3, 3)[:, None]
+        return action, action
 
 
 @needs_mjwarp
-def test_truncation_autoresets_on_the_next_step_and_bootstraps_the_final_observation():
-    # A short limit in place of gymnasium's 1000 steps (checked above), and actions of zero, under which
-    # the pendulum stays up this long: every episode is cut by the limit.
-    limit, num_steps = 4, 11
-    envs = make("InvertedPendulum-v5", 3, max_episode_steps=limit)
-    buffer = RolloutBuffer(num_steps, 3, envs.obs_dim, envs.act_dim, CPU)
-    policy = KnownPolicy()
+def test_an_episode_truncates_at_gymnasiums_1000_steps_and_the_next_step_autoresets_and_bootstraps():
+    envs = make("InvertedPendulum-v5", 2)
+    assert envs.max_episode_steps == 1000
+    num_steps = 1003
+    buffer = RolloutBuffer(num_steps, 2, envs.obs_dim, envs.act_dim, CPU)
+    policy = Balancing()
     collector = Collector(envs, policy, ObservationNormalizer(envs.obs_dim, CPU, enabled=False),
-                          RewardScaler(3, GAMMA, CPU, enabled=False), CPU, seed=0)
+                          RewardScaler(2, GAMMA, CPU, enabled=False), CPU, seed=0)
     collector.collect(buffer)
-    # Steps 0-3 are episode 1 (truncated at 3), step 4 the dummy, 5-8 episode 2, 9 the dummy.
-    for env in range(3):
-        assert buffer.truncateds[:, env].nonzero().squeeze(1).tolist() == [3, 8]
-        assert buffer.valid[:, env].logical_not().nonzero().squeeze(1).tolist() == [4, 9]
+    # Steps 0-999 are the first episode, cut by the limit at 999; step 1000 is the dummy.
+    for env in range(2):
+        assert buffer.truncateds[:, env].nonzero().squeeze(1).tolist() == [999]
+        assert buffer.valid[:, env].logical_not().nonzero().squeeze(1).tolist() == [1000]
     assert not buffer.terminateds.any()
-    assert buffer.rewards[4].tolist() == [0.0] * 3 and buffer.rewards[3].tolist() == [1.0] * 3
+    assert buffer.rewards[999].tolist() == [1.0, 1.0] and buffer.rewards[1000].tolist() == [0.0, 0.0]
     # The dummy step's observation is the final one: its value is the truncated step's bootstrap...
-    assert torch.equal(buffer.bootstrap_values[3], policy.get_value(buffer.observations[4]))
+    assert torch.equal(buffer.bootstrap_values[999], policy.get_value(buffer.observations[1000]))
+    assert not buffer.bootstrap_values[:999].any()
     # ...and the step after the dummy starts a new episode from gymnasium's reset noise, U(-0.01, 0.01).
-    assert buffer.observations[5].abs().max() <= 0.01 + 1e-6
+    assert buffer.observations[1001].abs().max() <= 0.01 + 1e-6 < buffer.observations[1000].abs().max()
 
 
 @needs_mjwarp
