@@ -91,16 +91,22 @@ def load_policy(checkpoint: str, device: str | torch.device = "cpu", backend: st
     `ppo.checkpoint.CheckpointError` or `ppo.config.ConfigError`, each with one line."""
     device = device if isinstance(device, torch.device) else resolve_device(device)
     path = resolve_checkpoint(checkpoint)
-    state = load_checkpoint(path, device)
+    return policy_from_state(load_checkpoint(path, device), device, backend, backend_option, str(path))
+
+
+def policy_from_state(state: dict, device: torch.device, backend: str | None = None,
+                      backend_option: str = "backend=", what: str = "the policy") -> Policy:
+    """The policy of a checkpoint's contents (`settings`, `observation_layout`, `agent`, `obs_normalizer`,
+    as `ppo.checkpoint.training_state` writes them), on `device`; `what` names it in errors."""
     settings = settings_from_dict({**state["settings"], "resume": None})
     if backend is not None:
         settings = dataclasses.replace(settings, env=dataclasses.replace(settings.env, backend=backend))
     check_env_id(settings.env, backend_option)
     observation_space, action_space = task_spaces(settings.env)
-    check_observation_layout(state, observation_layout(observation_space), str(path))
+    check_observation_layout(state, observation_layout(observation_space), what)
     obs_dim = observation_size(observation_space)
     agent = make_agent(obs_dim, int(np.prod(action_space.shape)), settings.model).to(device)
-    load_agent_weights(agent, state["agent"], f"{path}: its model does not fit {settings.env.id} on "
+    load_agent_weights(agent, state["agent"], f"{what}: its model does not fit {settings.env.id} on "
                                               f"{settings.env.backend}")
     normalizer = ObservationNormalizer(obs_dim, device, settings.ppo.observation_clip,
                                        settings.ppo.normalize_observations)
