@@ -5,6 +5,7 @@ anything trains, and the callbacks configs/train.yaml names (`Sweep`, `RunDirLoc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import io
 import itertools
@@ -47,6 +48,8 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
     the first key that fails. Every run passes them before it starts, and a sweep runs them on each of
     its jobs before the first one starts (`Sweep.on_multirun_start`)."""
     settings = settings_of(cfg)
+    if settings.logger.wandb and settings.logger.group is None:  # a sweep's jobs: one W&B group
+        settings = dataclasses.replace(settings, logger=dataclasses.replace(settings.logger, group=sweep_dir()))
     check_env_id(settings.env)
     device = resolve_device(settings.device)
     check_resources(settings, device, lambda: observation_action_size(settings.env))
@@ -58,6 +61,17 @@ def checked(cfg: DictConfig) -> tuple[TrainSettings, torch.device]:
         except (FileNotFoundError, CheckpointError) as error:
             raise ConfigError(f"resume={settings.resume}: {error}") from error
     return settings, device
+
+
+def sweep_dir() -> str | None:
+    """The sweep's dir for one of its jobs, None for a single run."""
+    from hydra.types import RunMode
+
+    try:
+        config = HydraConfig.get()
+    except ValueError:  # no Hydra run (a test composing the config)
+        return None
+    return str(config.sweep.dir) if config.mode == RunMode.MULTIRUN else None
 
 
 def settings_of(cfg: DictConfig) -> TrainSettings:

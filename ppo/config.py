@@ -113,6 +113,22 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class VideoSettings:
+    every: int = 0  # iterations between recorded evaluation episodes; 0: none
+    width: int = 320
+    height: int = 240
+    max_steps: int = 1000  # frames of one video at most (an episode may end sooner)
+
+
+@dataclass(frozen=True)
+class LoggerSettings:
+    wandb: bool = False  # mirror scalars, config and videos to Weights & Biases (pip install -e ".[wandb]")
+    project: str = "ppo-triton"
+    entity: str | None = None
+    group: str | None = None  # default: a sweep's dir, so its jobs are grouped; none for a single run
+
+
+@dataclass(frozen=True)
 class TrainSettings:
     seed: int = 1
     total_timesteps: int = 1_000_000
@@ -124,6 +140,8 @@ class TrainSettings:
     ppo: PPOSettings = field(default_factory=PPOSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    video: VideoSettings = field(default_factory=VideoSettings)
+    logger: LoggerSettings = field(default_factory=LoggerSettings)
 
     @property
     def batch_size(self) -> int:
@@ -134,6 +152,8 @@ class TrainSettings:
 # freely (and scripts/summarize_results.py pools runs that differ only in these).
 EXECUTION_KEYS = frozenset({
     "total_timesteps", "device", "resume", "torch_threads", "log_every_s", "checkpoint.every",
+    "video.every", "video.width", "video.height", "video.max_steps",
+    "logger.wandb", "logger.project", "logger.entity", "logger.group",
     "env.num_threads", "env.groups", "env.pin_threads", "ppo.compile", "ppo.cuda_graphs"})
 
 
@@ -286,6 +306,9 @@ def _validate(s: TrainSettings) -> None:
     positive("ppo.observation_clip", s.ppo.observation_clip)
     positive("ppo.reward_clip", s.ppo.reward_clip)
     positive("log_every_s", s.log_every_s)
+    positive("video.width", s.video.width)
+    positive("video.height", s.video.height)
+    positive("video.max_steps", s.video.max_steps)
     if s.ppo.target_kl is not None:
         positive("ppo.target_kl", s.ppo.target_kl)
     if s.ppo.adaptive_lr_kl is not None:
@@ -294,7 +317,7 @@ def _validate(s: TrainSettings) -> None:
     unit("ppo.gae_lambda", s.ppo.gae_lambda)
     for key, value in (("ppo.ent_coef", s.ppo.ent_coef), ("ppo.vf_coef", s.ppo.vf_coef),
                        ("env.num_threads", s.env.num_threads), ("torch_threads", s.torch_threads),
-                       ("checkpoint.every", s.checkpoint.every)):
+                       ("checkpoint.every", s.checkpoint.every), ("video.every", s.video.every)):
         if value < 0:
             raise ConfigError(f"`{key}` must be non-negative, got {value}")
     if not s.model.hidden_sizes or any(h <= 0 for h in s.model.hidden_sizes):

@@ -45,6 +45,12 @@ class RunLogger:
         self.last_print, self.printed_step = 0.0, None
         self.first_iteration_end: tuple[float, int] | None = None  # (time, step) at the first progress call
         self.recent_return = math.nan
+        self.mirror = None  # a ppo.tracking.WandbMirror: the same scalars and the videos, to W&B
+
+    def video(self, step: int, path: str) -> None:
+        """A video the recorder wrote (TensorBoard has it from the recorder's own events file)."""
+        if self.mirror is not None:
+            self.mirror.video(step, path)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
@@ -55,6 +61,8 @@ class RunLogger:
         except OSError as error:  # raised again from the writer's thread, which names no file
             error.filename = error.filename or f"TensorBoard events in {self.writer.log_dir}"
             raise
+        if self.mirror is not None:
+            self.mirror.scalars(step, values)
 
     def settings(self, step: int, values: dict[str, str]) -> None:
         """Every setting as a table in TensorBoard's Text tab, under CleanRL's tag `hyperparameters`:

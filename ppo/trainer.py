@@ -37,7 +37,9 @@ from ppo.fused_update import auto_fallback_note, fuses
 from ppo.logger import RunLogger, final_step, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.signals import Interrupted, StopOnSignal
+from ppo.tracking import WandbMirror
 from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
+from ppo.video import VideoError, VideoRecorder
 
 LOSS_TAGS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac", "explained_variance")
 
@@ -71,6 +73,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         raise ConfigError(f"resume={settings.resume}: its checkpoint is at step {global_step:,}, which already "
                           f"reaches `total_timesteps` ({settings.total_timesteps:,}); set it higher to train on")
     changed = run_records.resumed_changes(settings, checkpoint["settings"], given) if checkpoint else []
+    # Before the envs: a machine that cannot render refuses the run in a second, not after a compile.
+    recorder = start_video_recorder(settings, run_dir) if workers.is_main and settings.video.every else None
 
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
@@ -133,7 +137,25 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         for line in opening_lines(settings, device, run_dir, len(envs.members), envs.num_envs, workers.world_size,
                                   last_step, fast_paths, resumed_at, fallback, changed):
             logger.say(line)
+    if workers.is_main and settings.logger.wandb:
+        logger.mirror = WandbMirror(settings, run_dir, logger.say, resumed_from)
+
+    def video_policy() -> dict:
+        """What the recorder needs of the policy now: `ppo.policy.policy_from_state`'s keys, on the CPU."""
+        return {"settings": dataclasses.asdict(settings), "observation_layout": envs.obs_layout,
+                "agent": {k: v.detach().cpu().clone() for k, v in agent.state_dict().items()},
+                "obs_normalizer": {k: v.detach().cpu().clone() for k, v in obs_normalizer.state_dict().items()}}
+
+    def report_videos(finished: tuple[list, str | None]) -> None:
+        videos, error = finished
+        for step, path, episodic_return, frames in videos:
+            logger.say(f"video at step {step:,}: {path} ({frames} frames, return {episodic_return:.1f})")
+            logger.video(step, path)
+        if error:
+            logger.say(f"video.every: {error}; training goes on without videos", sys.stderr)
+
     recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
+    failed = True
     stop = StopOnSignal()  # from here a signal stops the run at the end of an iteration, with a checkpoint
     try:
         while global_step < last_step and not stop.agreed(device):
@@ -182,6 +204,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                 "time/iteration": time.perf_counter() - iteration_start,
             })
             logger.progress(global_step, mean_return)
+            if recorder is not None:
+                if iteration % settings.video.every == 0:
+                    recorder.submit(global_step, video_policy())  # skipped while the last is still rendering
+                report_videos(recorder.poll())
             if settings.checkpoint.every and iteration % settings.checkpoint.every == 0 and workers.is_main:
                 save()
         if workers.is_main:
@@ -196,6 +222,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                          else "no episode finished")
                 logger.say(f"finished at step {global_step:,} after {logger.elapsed()}: {score}; "
                            f"logs and checkpoint in {run_dir}")
+        failed = False
     except OSError as error:  # a full disk or a lost mount, under the checkpoint or the logs
         go_on = (f"; once fixed, continue it with: {run_records.resume_command(run_dir, str(last_checkpoint))}"
                  if last_checkpoint else "")
@@ -212,6 +239,10 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         raise
     finally:
         envs.close()
+        if recorder is not None:  # the video in progress may finish, unless the run is being stopped
+            report_videos(recorder.close(wait_s=0 if failed or stop.requested else 60))
+        if logger.mirror is not None:
+            logger.mirror.finish(failed)
         logger.close()
     distributed.stop()
     return mean_of_last_episodes(recent)
@@ -256,6 +287,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def start_video_recorder(settings: TrainSettings, run_dir: str) -> VideoRecorder:
+    """The recorder of `video.every`; a machine that cannot render or write MP4 refuses the run before it
+    trains (ConfigError), with what to install."""
+    video = settings.video
+    try:
+        return VideoRecorder(run_dir, video.width, video.height, video.max_steps, settings.seed)
+    except VideoError as error:
+        raise ConfigError(f"video.every={video.every}: {error}") from error
 
 
 def synchronized_seconds(start: float, device: torch.device) -> float:

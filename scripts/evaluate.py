@@ -3,8 +3,11 @@
     python scripts/evaluate.py runs/Ant-v4/seed1_2026-11-29_10-00-00 --episodes 10
     python scripts/evaluate.py path/to/last.pt --episodes 5 --device cpu
     python scripts/evaluate.py <run dir> --backend gymnasium   # the same policy on the other simulator
+    python scripts/evaluate.py <run dir> --episodes 3 --video   # and an MP4 of each, in <run dir>/videos
 
-Prints the mean and std of the episodic returns (raw environment rewards).
+Prints the mean and std of the episodic returns (raw environment rewards). With `--video` the episodes
+run one by one on gymnasium's own env of the task, which renders them (MuJoCo's offscreen renderer:
+OSMesa or EGL on a machine without a display).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ppo.policy
 from ppo.checkpoint import CheckpointError
 from ppo.config import ConfigError, check_seed, resolve_device
 from ppo.envs import VecEnv, make_envs
+from ppo.video import VideoError
 
 
 def envs_and_policy(checkpoint_path: str, device: torch.device, seed: int,
@@ -58,6 +62,29 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
     return take_evenly(returns, episodes)
 
 
+def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str | None, width: int,
+                  height: int) -> list[float]:
+    """Each episode on gymnasium's env of the task, rendered and written to `directory` (default: the run
+    dir's videos/) as eval_seed<seed>_<i>.mp4; their returns."""
+    from pathlib import Path
+
+    from ppo.checkpoint import resolve_checkpoint
+    from ppo.video import render_episode, use_headless_gl, write_mp4
+
+    use_headless_gl()
+    path = resolve_checkpoint(checkpoint_path)
+    policy = ppo.policy.load_policy(checkpoint_path, "cpu", "gymnasium", "--backend ")
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    directory = Path(directory) if directory else run_dir / "videos"
+    returns = []
+    for episode in range(episodes):
+        frames, episodic_return, fps = render_episode(policy, seed + episode, width, height, max_steps=10**9)
+        video = write_mp4(frames, directory / f"eval_seed{seed}_{episode}.mp4", fps)
+        print(f"{video}: {len(frames) - 1} steps, return {episodic_return:.2f}", flush=True)
+        returns.append(episodic_return)
+    return returns
+
+
 def take_evenly(per_env: list[list[float]], count: int) -> list[float]:
     """`count` returns, round by round over the envs (each env's first episode, then each env's
     second, ...), so that no env's long or short episodes crowd out the others'."""
@@ -79,6 +106,10 @@ def main() -> None:
                         help="seeds the envs (default: 12345, apart from the training seeds)")
     parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
                         help="simulate with this backend instead of the run's env.backend")
+    parser.add_argument("--video", nargs="?", const="", default=None, metavar="DIR",
+                        help="write an MP4 of each episode to DIR (default: <run dir>/videos); the episodes run on "
+                             "gymnasium's env of the task, which renders them")
+    parser.add_argument("--size", default="320x240", help="--video's frame size, WIDTHxHEIGHT (default: 320x240)")
     args = parser.parse_args()
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
@@ -89,12 +120,23 @@ def main() -> None:
     except ConfigError as error:
         parser.error(str(error))
     try:
-        device = resolve_device(args.device, "--device")
-        returns = torch.tensor(evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend),
-                               dtype=torch.float64)
+        width, height = (int(n) for n in args.size.lower().split("x"))
+        assert width > 0 and height > 0
+    except (ValueError, AssertionError):
+        parser.error(f"--size must be WIDTHxHEIGHT, e.g. 320x240; got {args.size!r}")
+    try:
+        if args.video is not None:
+            if args.backend == "envpool" or args.num_envs is not None:
+                parser.error("--video runs its episodes on gymnasium's env, one by one: leave out --backend envpool "
+                             "and --num-envs")
+            returns = record_videos(args.checkpoint, args.episodes, args.seed, args.video or None, width, height)
+        else:
+            device = resolve_device(args.device, "--device")
+            returns = evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend)
+        returns = torch.tensor(returns, dtype=torch.float64)
     except FileNotFoundError as error:
         sys.exit(f"error: {args.checkpoint}: {error}")
-    except (ConfigError, CheckpointError) as error:  # e.g. a backend that does not have the run's task
+    except (ConfigError, CheckpointError, VideoError) as error:  # e.g. a backend without the run's task
         sys.exit(f"error: {error}")
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
