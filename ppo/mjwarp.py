@@ -126,6 +126,7 @@ class MjWarpEnvs:
         self.max_episode_steps = max_episode_steps or gymnasium.spec(settings.id).max_episode_steps
         self._wp, self._mjw = wp, mjw
         self._wp_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        self._streams: dict[int, object] = {}  # torch stream handle: its Warp wrapper
         mjm = _gymnasium_model(task)
         self.dt = float(mjm.opt.timestep) * task.frame_skip
         with self._warp_scope():
@@ -152,7 +153,6 @@ class MjWarpEnvs:
         self._pending = torch.zeros(self.num_envs, dtype=torch.bool, device=device)  # ended last step
         self._graphs: dict[str, object] = {}  # name: Warp graph, or False where capture failed
         self._graph_stream = None
-        self._streams: dict[int, object] = {}  # torch stream handle: its Warp wrapper
         self.reward_terms: dict[str, torch.Tensor] = {}
         self._simulate()  # compiles Warp's kernels (once per machine; cached in ~/.cache/warp)
         self._position = task.position(self.state).clone()  # each world's, where its last step left it
@@ -275,7 +275,10 @@ class MjWarpEnvs:
         torch_stream = self._torch_stream()
         try:
             self._graph_stream.wait_stream(torch_stream)
-            with wp.ScopedDevice(self._wp_device), wp.ScopedCapture(stream=self._graph_stream) as capture:
+            # The eager call before loaded every kernel `run` launches; else Warp would load all it knows.
+            # Current as well as capturing: MuJoCo Warp's RK4 allocates on the current stream.
+            with (wp.ScopedDevice(self._wp_device), wp.ScopedStream(self._graph_stream),
+                  wp.ScopedCapture(stream=self._graph_stream, force_module_load=False) as capture):
                 run()
             torch_stream.wait_stream(self._graph_stream)
             return capture.graph
