@@ -62,6 +62,7 @@ def render_episode(policy, seed: int, width: int, height: int, max_steps: int
     except Exception as error:  # e.g. a task gymnasium does not have, or no render mode
         raise VideoError(f"cannot render {policy.settings.env.id} with gymnasium: {error}") from error
     try:
+        _follow_the_body(env)
         obs, _ = env.reset(seed=seed)
         fps = int(env.metadata.get("render_fps") or 30)
         frames, total = [_frame(env)], 0.0
@@ -74,6 +75,19 @@ def render_episode(policy, seed: int, width: int, height: int, max_steps: int
         return frames, total, fps
     finally:
         env.close()
+
+
+def _follow_the_body(env) -> None:
+    """Render through the model's `track` camera where it has one (gymnasium's locomotion XMLs do): some
+    tasks' default view stays put, and a trained Ant leaves it within seconds."""
+    import mujoco
+
+    renderer, model = getattr(env.unwrapped, "mujoco_renderer", None), getattr(env.unwrapped, "model", None)
+    if renderer is None or model is None:
+        return
+    camera = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, "track")
+    if camera >= 0:
+        renderer.camera_id = camera
 
 
 def _frame(env) -> np.ndarray:
@@ -102,6 +116,19 @@ def write_mp4(frames: list[np.ndarray], path: str | Path, fps: int) -> Path:
         writer.send(np.ascontiguousarray(frame))
     writer.close()
     os.replace(partial, path)
+    return path
+
+
+def write_frame_strip(frames: list[np.ndarray], path: str | Path, fps: int, count: int = 5, seconds: float = 8.0
+                      ) -> Path:
+    """`count` frames spread evenly over the episode's first `seconds`, side by side, as one PNG (gymnasium's
+    floors are drawn 40-100 m wide: a good runner leaves them within a minute)."""
+    from PIL import Image
+
+    picks = np.linspace(0, min(len(frames) - 1, round(seconds * fps)), count).round().astype(int)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.concatenate([frames[i] for i in picks], axis=1)).save(path, optimize=True)
     return path
 
 

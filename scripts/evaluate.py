@@ -63,13 +63,14 @@ def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: in
 
 
 def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str | None, width: int,
-                  height: int) -> list[float]:
+                  height: int, strip: str | None = None) -> list[float]:
     """Each episode on gymnasium's env of the task, rendered and written to `directory` (default: the run
-    dir's videos/) as eval_seed<seed>_<i>.mp4; their returns."""
+    dir's videos/) as eval_seed<seed>_<i>.mp4, and the first one's frames side by side to `strip` (a PNG)
+    if given; their returns."""
     from pathlib import Path
 
     from ppo.checkpoint import resolve_checkpoint
-    from ppo.video import render_episode, use_headless_gl, write_mp4
+    from ppo.video import render_episode, use_headless_gl, write_frame_strip, write_mp4
 
     use_headless_gl()
     path = resolve_checkpoint(checkpoint_path)
@@ -81,6 +82,8 @@ def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str
         frames, episodic_return, fps = render_episode(policy, seed + episode, width, height, max_steps=10**9)
         video = write_mp4(frames, directory / f"eval_seed{seed}_{episode}.mp4", fps)
         print(f"{video}: {len(frames) - 1} steps, return {episodic_return:.2f}", flush=True)
+        if strip and episode == 0:
+            print(f"{write_frame_strip(frames, strip, fps)}: 5 frames of episode 0's first 8 seconds", flush=True)
         returns.append(episodic_return)
     return returns
 
@@ -110,6 +113,8 @@ def main() -> None:
                         help="write an MP4 of each episode to DIR (default: <run dir>/videos); the episodes run on "
                              "gymnasium's env of the task, which renders them")
     parser.add_argument("--size", default="320x240", help="--video's frame size, WIDTHxHEIGHT (default: 320x240)")
+    parser.add_argument("--frame-strip", metavar="PNG", help="with --video: 5 frames of the first episode's first 8 "
+                                                             "seconds side by side, as one picture")
     args = parser.parse_args()
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
@@ -129,8 +134,11 @@ def main() -> None:
             if args.backend == "envpool" or args.num_envs is not None:
                 parser.error("--video runs its episodes on gymnasium's env, one by one: leave out --backend envpool "
                              "and --num-envs")
-            returns = record_videos(args.checkpoint, args.episodes, args.seed, args.video or None, width, height)
+            returns = record_videos(args.checkpoint, args.episodes, args.seed, args.video or None, width, height,
+                                    args.frame_strip)
         else:
+            if args.frame_strip:
+                parser.error("--frame-strip comes with --video")
             device = resolve_device(args.device, "--device")
             returns = evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend)
         returns = torch.tensor(returns, dtype=torch.float64)
