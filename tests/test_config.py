@@ -51,6 +51,9 @@ def test_any_env_id_without_a_file():
     ("ppo.num_minibatches=48 ppo.num_steps=10", r"= 64 x 10 = 640; the nearest that do: 40 and 64$"),
     ("env.backend=isaac", "`env.backend` must be envpool, gymnasium, mjwarp or auto, got 'isaac'"),
     ("checkpoint.every=-1", "`checkpoint.every` must be non-negative, got -1"),
+    ("video.every=-1", "`video.every` must be non-negative, got -1"),
+    ("video.width=0", "`video.width` must be positive, got 0"),
+    ("logger.wandb=yes", "`logger.wandb` must be true or false"),
     ("ppo.vf_coef=-0.5", "`ppo.vf_coef` must be non-negative, got -0.5"),
     ("device=tpu", "`device` must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     ("device=cuda:x", "`device` must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
@@ -78,7 +81,8 @@ def test_invalid_values_name_the_key(override, message):
     ("seeed", "did you mean `seed`?"),
     ("ppo.lr", r"\(known in `ppo`: adaptive_lr_kl, anneal_lr, clip_coef, .*, vf_coef\)$"),  # nothing close
     ("model.x.y", r"\(known in `model`: activation, hidden_sizes, init_log_std, shared_trunk\)$"),
-    ("foo", r"\(known: checkpoint, device, env, log_every_s, model, ppo, resume, seed, .*, total_timesteps\)$"),
+    ("foo", r"\(known: checkpoint, device, env, log_every_s, logger, model, ppo, resume, seed, .*, total_timesteps, "
+            r"video\)$"),
 ])
 def test_an_unknown_key_names_what_it_most_likely_meant(key, message):
     with pytest.raises(ConfigError, match=rf"^unknown setting `{re.escape(key)}`:? .*{message}"):
