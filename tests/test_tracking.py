@@ -124,3 +124,29 @@ def test_a_missing_or_unusable_wandb_never_stops_a_run(tmp_path):
                  env={"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path), "NETRC": str(tmp_path / "x")})
     assert online.returncode == 0, online.stderr[-3000:]
     assert online.stdout.count("logger.wandb: not logged in to W&B") == 1 and "finished at step 256" in online.stdout
+
+
+FAILING = """
+import runpy, sys, types
+
+class Run:  # W&B's run, as when its server goes away after the run began
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, values):
+        raise ConnectionError("the W&B server went away")
+
+    def finish(self, exit_code=0, quiet=None):
+        pass
+
+sys.modules["wandb"] = types.SimpleNamespace(init=lambda **kwargs: Run(), Settings=lambda **kwargs: None)
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_wandb_failing_in_the_middle_of_a_run_is_said_once_and_training_goes_on(tmp_path):
+    result = run(*SMALL, "total_timesteps=768", f"hydra.run.dir={tmp_path}", code=FAILING)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("logger.wandb: W&B failed (the W&B server went away); the run goes on without it") == 1
+    assert "finished at step 768" in result.stdout
