@@ -110,6 +110,12 @@ def remove_stale_temporary(run_dir: str | Path) -> None:
     (Path(run_dir) / CHECKPOINT_DIR / LAST).with_suffix(".tmp").unlink(missing_ok=True)
 
 
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run dir a checkpoint file belongs to: `<run dir>/checkpoints/last.pt`'s, else the file's own dir."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else checkpoint.parent
+
+
 def resolve_checkpoint(location: str) -> Path:
     """`location` may name a checkpoint file or a run directory that holds `checkpoints/last.pt`.
     The error names the path tried; callers say which argument gave it."""

@@ -144,8 +144,10 @@ class MjWarpEnvs:
         self.act_dim = mjm.nu
         self.action_low = torch.as_tensor(low, dtype=torch.float32, device=device)
         self.action_high = torch.as_tensor(high, dtype=torch.float32, device=device)
-        self._seed_key = self._key_of(seed)  # reset(seed) replaces it
         self._world = torch.arange(self.num_envs, device=device)
+        self._world_key = self._keys_of(seed)  # reset(seed) replaces it
+        nq, nv = mjm.nq, mjm.nv  # a hash column per qpos entry and two per qvel entry (see _noisy_state)
+        self._columns = torch.arange(1, nq + 2 * nv + 1, device=device) * 0x9E3779B9
         self._episodes = torch.zeros(self.num_envs, dtype=torch.int64, device=device)  # each world's resets so far
         self._reset_mask = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
         self._reset_mask_wp = wp.from_torch(self._reset_mask)
@@ -164,7 +166,7 @@ class MjWarpEnvs:
         """Every world starts a new episode. Each world's reset noise is a function of the seed, the world's
         index and how many episodes it has begun, so a seed repeats its run, and world i's episodes do not
         depend on how many worlds run beside it."""
-        self._seed_key = self._key_of(seed)
+        self._world_key = self._keys_of(seed)
         self._episodes.zero_()
         self._reset_mask.fill_(True)
         observations = self._reset_worlds()
@@ -299,22 +301,22 @@ class MjWarpEnvs:
         task = self.task
         nq, nv = self._init_qpos.numel(), self._init_qvel.numel()
         scale = task.reset_noise_scale
-        uniform = self._uniform(nq + 2 * nv)
+        uniform = self._uniform()
         qpos = self._init_qpos + uniform[:, :nq] * (2 * scale) - scale
         if task.reset_noise == "uniform_normal":  # Box-Muller on the two columns per qvel entry
             radius = torch.sqrt(-2 * torch.log1p(-uniform[:, nq:nq + nv]))
             return qpos, self._init_qvel + scale * radius * torch.cos(2 * torch.pi * uniform[:, nq + nv:])
         return qpos, self._init_qvel + uniform[:, nq:nq + nv] * (2 * scale) - scale
 
-    def _uniform(self, count: int) -> torch.Tensor:
-        """`[W, count]` numbers in [0, 1), each a hash of (seed, world, the world's episode count, column):
+    def _uniform(self) -> torch.Tensor:
+        """`[W, nq + 2 nv]` numbers in [0, 1), each a hash of (seed, world, the world's episode count, column):
         counter-based, so no generator state is shared between worlds."""
-        key = _hash32(_hash32(self._seed_key ^ self._world) ^ (self._episodes & 0xFFFFFFFF))
-        columns = torch.arange(1, count + 1, device=self.device) * 0x9E3779B9
-        return (_hash32(key[:, None] + columns) >> 8).float() * 2.0**-24
+        key = _hash32(self._world_key ^ (self._episodes & 0xFFFFFFFF))
+        return (_hash32(key[:, None] + self._columns) >> 8).float() * 2.0**-24
 
-    def _key_of(self, seed: int) -> torch.Tensor:
-        return _hash32(torch.tensor(seed % 2**32, device=self.device))
+    def _keys_of(self, seed: int) -> torch.Tensor:
+        """Each world's key under `seed` (set at reset, not per step)."""
+        return _hash32(_hash32(torch.tensor(seed % 2**32, device=self.device)) ^ self._world)
 
     def set_states(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
         """Start every world's episode from the given `[W, nq]` and `[W, nv]` state instead of a noisy one

@@ -14,6 +14,8 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from ppo.checkpoint import run_dir_of
+
 EXTRA = 'pip install -e ".[wandb]"'
 ID_FILE = "wandb_id"
 
@@ -94,11 +96,7 @@ def _logged_in(wandb) -> bool:
 
 def _saved_id(run_dir: Path, resumed_from: Path | None) -> str | None:
     """The W&B id this run dir, or the resumed checkpoint's run dir, recorded."""
-    dirs = [run_dir]
-    if resumed_from is not None:
-        checkpoint = Path(resumed_from)
-        dirs.append(checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent)
-    for directory in dirs:
+    for directory in [run_dir] + ([run_dir_of(resumed_from)] if resumed_from is not None else []):
         path = directory / ID_FILE
         if path.is_file():
             return path.read_text().strip() or None

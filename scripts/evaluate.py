@@ -69,13 +69,13 @@ def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str
     if given; their returns."""
     from pathlib import Path
 
-    from ppo.checkpoint import resolve_checkpoint
+    from ppo.checkpoint import resolve_checkpoint, run_dir_of
     from ppo.video import render_episode, use_headless_gl, write_frame_strip, write_mp4
 
     use_headless_gl()
     path = resolve_checkpoint(checkpoint_path)
     policy = ppo.policy.load_policy(checkpoint_path, "cpu", "gymnasium", "--backend ")
-    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    run_dir = run_dir_of(path)
     directory = Path(directory) if directory else run_dir / "videos"
     returns = []
     for episode in range(episodes):

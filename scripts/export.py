@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 import ppo.policy
-from ppo.checkpoint import CheckpointError, resolve_checkpoint
+from ppo.checkpoint import CheckpointError, resolve_checkpoint, run_dir_of
 from ppo.config import ConfigError
 from ppo.export import FORMATS, describe, export
 
@@ -36,8 +36,7 @@ def main() -> None:
         sys.exit(f"error: {args.checkpoint}: {error}")
     except (ConfigError, CheckpointError) as error:
         sys.exit(f"error: {error}")
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    output = Path(args.output) if args.output else run_dir / f"policy{FORMATS[args.format]}"
+    output = Path(args.output) if args.output else run_dir_of(checkpoint) / f"policy{FORMATS[args.format]}"
     if args.format == "onnx":
         try:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
