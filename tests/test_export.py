@@ -27,9 +27,9 @@ fmt, path, inputs, names = sys.argv[1], sys.argv[2], np.load(sys.argv[3]), json.
 arrays = [inputs[name] for name in names]
 if fmt == "onnx":
     import onnxruntime
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == names, session.get_inputs()
-    actions = session.run(["action"], dict(zip(names, arrays)))[0]
+    runtime = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in runtime.get_inputs()] == names, runtime.get_inputs()
+    actions = runtime.run(["action"], dict(zip(names, arrays)))[0]
 else:
     import torch
     actions = torch.jit.load(path)(*[torch.from_numpy(a) for a in arrays]).numpy()
@@ -96,8 +96,10 @@ def test_a_dict_tasks_parts_are_separate_inputs_flattened_in_the_agents_order(fm
                     torch.device("cpu"))
     path = export(policy, fmt, tmp_path / f"policy.{fmt}")
     rng = np.random.default_rng(1)
-    batch = {"goal": {"burner": rng.normal(size=5), "kettle": rng.normal(size=(5, 2))}, "velocity": rng.normal(size=(5, 3))}
-    named = {"velocity": batch["velocity"], "goal/kettle": batch["goal"]["kettle"], "goal/burner": batch["goal"]["burner"]}
+    batch = {"goal": {"burner": rng.normal(size=5), "kettle": rng.normal(size=(5, 2))},
+             "velocity": rng.normal(size=(5, 3))}
+    named = {"velocity": batch["velocity"], "goal/kettle": batch["goal"]["kettle"],
+             "goal/burner": batch["goal"]["burner"]}
     actions = run_outside(fmt, path, {k: v.astype(np.float32) for k, v in named.items()}, tmp_path)
     torch.testing.assert_close(torch.from_numpy(actions), policy(batch), **TOLERANCE)
 

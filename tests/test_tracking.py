@@ -106,12 +106,14 @@ def test_a_sweeps_jobs_share_a_group(tmp_path):
     assert len({offline_run(job)["id"] for job in jobs}) == 2
 
 
-MISSING = """
-import runpy, sys
-sys.modules["wandb"] = None  # as where the extra is not installed
-sys.argv = ["train.py", *sys.argv[1:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
+def with_wandb(setup: str) -> str:
+    """Python that runs train.py as its command line does, after `setup` has put a `wandb` of its own in
+    sys.modules."""
+    return f"import runpy, sys, types\n{setup}\nsys.argv = ['train.py', *sys.argv[1:]]\n" \
+           "runpy.run_path('train.py', run_name='__main__')\n"
+
+
+MISSING = with_wandb('sys.modules["wandb"] = None  # as where the extra is not installed')
 
 
 def test_a_missing_or_unusable_wandb_never_stops_a_run(tmp_path):
@@ -126,9 +128,7 @@ def test_a_missing_or_unusable_wandb_never_stops_a_run(tmp_path):
     assert online.stdout.count("logger.wandb: not logged in to W&B") == 1 and "finished at step 256" in online.stdout
 
 
-FAILING = """
-import runpy, sys, types
-
+FAILING = with_wandb("""
 class Run:  # W&B's run, as when its server goes away after the run began
     def define_metric(self, *args, **kwargs):
         pass
@@ -140,9 +140,7 @@ class Run:  # W&B's run, as when its server goes away after the run began
         pass
 
 sys.modules["wandb"] = types.SimpleNamespace(init=lambda **kwargs: Run(), Settings=lambda **kwargs: None)
-sys.argv = ["train.py", *sys.argv[1:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
+""")
 
 
 def test_wandb_failing_in_the_middle_of_a_run_is_said_once_and_training_goes_on(tmp_path):

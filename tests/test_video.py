@@ -45,7 +45,8 @@ def assert_not_blank(frames: list[np.ndarray]) -> None:
 @needs_gl
 def test_evaluate_writes_an_mp4_of_each_episode_with_a_frame_per_step(hopper_run, tmp_path):  # noqa: F811
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(hopper_run), "--episodes", "2",
-                             "--video", str(tmp_path), "--size", "160x128"], capture_output=True, text=True, timeout=300)
+                             "--video", str(tmp_path), "--size", "160x128"], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[-1].startswith("2 episodes: mean return")
@@ -70,7 +71,7 @@ def test_training_records_videos_beside_the_loop_into_the_run_dir_and_tensorboar
     # one in progress when training ends is waited for.
     said = re.findall(r"video at step ([\d,]+): (\S+\.mp4) \((\d+) frames, return (-?[\d.]+)\)", result.stdout)
     assert said and said[0][0] == "256", result.stdout
-    for step, path, count, _ in said:
+    for _, path, count, _ in said:
         size, frames = frames_of(path)
         assert size == (96, 64) and len(frames) == int(count) <= 31
         assert_not_blank(frames)
@@ -89,5 +90,6 @@ def test_a_machine_that_cannot_render_refuses_a_video_run_before_it_trains(tmp_p
                              f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
                             cwd=ROOT, env={**os.environ, "MUJOCO_GL": "no-such-gl"})
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.strip().startswith("error: video.every=5: MuJoCo cannot render here (tried MUJOCO_GL=no-such-gl)")
+    assert result.stderr.strip().startswith(
+        "error: video.every=5: MuJoCo cannot render here (tried MUJOCO_GL=no-such-gl)")
     assert "libosmesa6" in result.stderr and not (tmp_path / "run").exists()
