@@ -30,6 +30,7 @@ def test_every_env_file_composes(env_file):
     settings = compose_settings(f"env={env_file}")
     assert settings.env.id == env_file
     assert settings.batch_size % settings.ppo.num_minibatches == 0
+    assert settings.batch_size == 2048, "CleanRL's batch, whatever the layout of envs x steps"
     text = (CONFIGS / "env" / f"{env_file}.yaml").read_text()
     assert "CleanRL" in text, "each env file names the source of its PPO values"
 
