@@ -65,6 +65,15 @@ def check_task(env_id: str) -> None:
                           "(or use env.backend=envpool or gymnasium)")
 
 
+def check_device(device: torch.device) -> None:
+    """A ConfigError where MuJoCo Warp cannot run on `device`: on a CPU it needs Warp's CPU compiler
+    (warp-clang), which a CUDA-only Warp install leaves out."""
+    wp, _ = import_mujoco_warp()
+    if device.type == "cpu" and not wp.is_cpu_available():
+        raise ConfigError("env.backend=mjwarp on the CPU needs Warp's CPU compiler (warp-clang), which this "
+                          "warp-lang install lacks; run it on a CUDA device, or reinstall warp-lang from PyPI")
+
+
 def cpu_notice(device: torch.device) -> str | None:
     """What a run on a CPU should know, or None."""
     if device.type == "cuda":
@@ -114,6 +123,7 @@ class MjWarpEnvs:
     def __init__(self, settings: EnvSettings, device: torch.device, seed: int, max_episode_steps: int | None = None):
         check_task(settings.id)
         wp, mjw = import_mujoco_warp()
+        check_device(device)
         import gymnasium
 
         notice = cpu_notice(device)

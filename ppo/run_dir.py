@@ -12,6 +12,7 @@ import os
 import platform
 import shlex
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from ppo.config import ConfigError, TrainSettings, learning_differences
 from ppo.envs import env_groups, simulator_version
 
 RUN_INFO = "run_info.json"
+_IMPORTED = time.time()
+_runs_started = 0  # runs this process has started (a sweep's jobs share one process)
 
 
 class RunDirInUse(RuntimeError):
@@ -175,15 +178,33 @@ def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, 
                    resumed: dict | None = None) -> None:
     """What ran where, for scripts/summarize_results.py (the resolved config is in .hydra/); `resumed`:
     the checkpoint a resumed run continues and its step."""
+    global _runs_started
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     cpu = cpu_name()
+    # When the command started: the process's start for its first run (so a time to a score counts the
+    # imports and compiles too), now for a sweep's later jobs.
+    started = process_start_time() if _runs_started == 0 else time.time()
+    _runs_started += 1
     hardware = f"{gpu} + {os.cpu_count()} CPU cores" if gpu else f"CPU only, {os.cpu_count()} cores ({cpu})"
     info = {"env_id": settings.env.id, "seed": settings.seed, "device": str(device), "gpu": gpu, "workers": workers,
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
             "simulator": simulator_version(settings.env.backend), "env_groups": env_groups(settings.env, device),
-            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})", **(resumed or {})}
+            "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})", "started": round(started, 2),
+            **(resumed or {})}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / RUN_INFO).write_text(json.dumps(info, indent=1))
+
+
+def process_start_time() -> float:
+    """When this process started, in Unix seconds: from /proc on Linux (to the second: the boot time
+    is whole seconds), else when this module was imported."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
 
 
 def cpu_name() -> str:

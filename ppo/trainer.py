@@ -38,7 +38,14 @@ from ppo.logger import RunLogger, final_step, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.signals import Interrupted, StopOnSignal
 from ppo.tracking import WandbMirror
-from ppo.update import Updater, compiles, current_learning_rate, make_optimizer, set_learning_rate
+from ppo.update import (
+    Updater,
+    compiles,
+    current_learning_rate,
+    make_optimizer,
+    set_learning_rate,
+    set_matmul_precision,
+)
 from ppo.video import VideoError, VideoRecorder
 
 LOSS_TAGS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac", "explained_variance")
@@ -76,6 +83,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     # Before the envs: a machine that cannot render refuses the run in a second, not after a compile.
     recorder = start_video_recorder(settings, run_dir) if workers.is_main and settings.video.every else None
 
+    tf32 = set_matmul_precision(ppo, device)
     env_seed = settings.seed + iteration + 1_000_003 * workers.rank  # disjoint env streams per worker
     envs = make_envs(settings.env, device, env_seed)
     value_normalizer = ValueNormalizer(device, ppo.normalize_values)
@@ -132,7 +140,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         logger.settings(global_step, {key: run_records.command_value(value)
                                       for key, value in flat_settings(dataclasses.asdict(settings)).items()})
         fast_paths = [name for name, on in (("CUDA graphs", graphs), ("fused update step", ppo.fused_update),
-                                            ("compiled update", compiled)) if on]
+                                            ("compiled update", compiled), ("TF32 matrix products", tf32)) if on]
         resumed_at = (resumed_from, global_step, iteration) if checkpoint else None
         for line in opening_lines(settings, device, run_dir, len(envs.members), envs.num_envs, workers.world_size,
                                   last_step, fast_paths, resumed_at, fallback, changed):
@@ -268,13 +276,14 @@ def opening_lines(settings: TrainSettings, device: torch.device, run_dir: str, g
     if resumed_at:
         path, step, iteration = resumed_at
         lines.append(f"resumed from {path} at step {step:,} (iteration {iteration})")
-    if fast_paths:
+    warmed = [path for path in fast_paths if path != "TF32 matrix products"]  # the rest need a first iteration
+    if warmed:
         # Cold-cache compile times as measured: a CPU compile's time follows its cores.
         takes = ("~25 s on an H200 host" if device.type == "cuda"
                  else "~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core GPU host")
         compile_time = (f" (torch.compile takes {takes}; seconds once cached)"
                         if "compiled update" in fast_paths else "")
-        lines.append(f"the first iteration also warms up the {' and '.join(fast_paths)} (one-off){compile_time}")
+        lines.append(f"the first iteration also warms up the {' and '.join(warmed)} (one-off){compile_time}")
     if fallback:
         lines.append(fallback)
     if changed:

@@ -84,6 +84,15 @@ def compiles(settings: PPOSettings, device: torch.device, steps: int | None = No
     return steps is not None and steps >= CPU_COMPILE_MIN_STEPS and has_cxx_compiler()
 
 
+def set_matmul_precision(settings: PPOSettings, device: torch.device) -> bool:
+    """Apply `ppo.matmul_precision` to torch's float32 matrix products on CUDA (process-wide: the update and
+    the policy's inference); returns whether they run in TF32. On a CPU they stay fp32."""
+    if device.type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = settings.matmul_precision == "tf32"
+    return torch.backends.cuda.matmul.allow_tf32
+
+
 def has_cxx_compiler() -> bool:
     """Whether torch.compile's CPU backend can build here: a C++ compiler on the PATH (`$CXX`, g++,
     c++ or clang++) and Python's C headers, which its generated code includes."""

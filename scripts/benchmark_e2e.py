@@ -7,7 +7,8 @@
 Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
 With `env.backend=mjwarp` the raw rate is MuJoCo Warp's (ppo.mjwarp, random actions, synchronised at
 the end), `--worlds` measures each world count in turn, and the CleanRL-style loop (an envpool loop)
-is skipped.
+is skipped. Each run also reports the update's achieved TFLOP/s (its matrix products' FLOPs over
+`time/update`) beside the GPU's dense peak for `ppo.matmul_precision` (fp32 or TF32).
 1. raw: envpool stepping with random actions, same num_envs and threads, no learning; measured
    before and after ours (a shared GPU host's rate drifts by 20-30% between runs), and the ratio
    taken against their mean; threads pinned as training pins them (`env.pin_threads`), and the
@@ -39,12 +40,37 @@ from cleanrl_reference import cleanrl_style_sps
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from ppo.config import ConfigError, EnvSettings, resolve_device, settings_from_dict
-from ppo.envs import envpool_threads, import_envpool, pins_threads
+from ppo.config import ConfigError, EnvSettings, ModelSettings, resolve_device, settings_from_dict
+from ppo.envs import envpool_threads, import_envpool, observation_size, pins_threads, task_spaces
 from ppo.trainer import train
 from ppo.update import compiles
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# Dense peak TFLOP/s from NVIDIA's datasheets, by `ppo.matmul_precision`: fp32 on CUDA cores ("ieee") and
+# TF32 on tensor cores. The H200 has the H100 SXM's compute; the PCIe H100 less.
+PEAK_TFLOPS = {"H100 PCIe": {"ieee": 51.2, "tf32": 378.0}, "H100": {"ieee": 66.9, "tf32": 494.7},
+               "H200": {"ieee": 66.9, "tf32": 494.7}}
+
+
+def peak_tflops(gpu: str, precision: str) -> float | None:
+    """The datasheet's dense peak of `gpu` (torch's device name) at `precision`; None for a GPU not listed."""
+    return next((peaks[precision] for name, peaks in PEAK_TFLOPS.items() if name in gpu), None)
+
+
+def update_flop_per_sample(obs_dim: int, act_dim: int, model: ModelSettings) -> int:
+    """The matrix products' FLOPs of one sample's forward and backward pass in the update: a layer of `i`
+    inputs and `o` outputs costs 2io forward, 2io for its weights' gradient and 2io for its input's
+    gradient (not for the observations'). Separate actor and critic, or one shared trunk and two heads."""
+    def layers(sizes: list[int]) -> int:
+        pairs = list(zip(sizes[:-1], sizes[1:], strict=False))
+        return sum(6 * i * o for i, o in pairs)
+
+    hidden, first = list(model.hidden_sizes), 2 * obs_dim * model.hidden_sizes[0]  # no input gradient there
+    if model.shared_trunk:
+        return layers([obs_dim, *hidden]) - first + layers([hidden[-1], act_dim]) + layers([hidden[-1], 1])
+    return layers([obs_dim, *hidden, act_dim]) + layers([obs_dim, *hidden, 1]) - 2 * first
 
 
 def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> float:
@@ -176,6 +202,16 @@ def measure(args, overrides: list[str]) -> None:
              else ("time/env", "time/inference", "time/gae", "time/update"))
     for tag in parts:
         print(f"    {tag:16s} {breakdown[tag] * 1e3:9.2f} ms/iteration ({breakdown[tag] / per_iteration:6.2%})")
+    observation_space, action_space = task_spaces(env)
+    flop = (update_flop_per_sample(observation_size(observation_space), int(np.prod(action_space.shape)),
+                                    settings.model) * settings.batch_size * settings.ppo.update_epochs)
+    achieved = flop / breakdown["time/update"] / 1e12
+    precision = settings.ppo.matmul_precision if device.type == "cuda" else "ieee"
+    peak = peak_tflops(gpu, precision) if device.type == "cuda" else None
+    against = (f" = {achieved / peak:5.1%} of the {gpu}'s dense {'TF32' if precision == 'tf32' else 'FP32'} peak "
+               f"({peak:g})" if peak else "")
+    print(f"    update: {flop / 1e9:,.1f} GFLOP of matrix products an iteration, {achieved:.2f} TFLOP/s{against} "
+          f"(ppo.matmul_precision={settings.ppo.matmul_precision})", flush=True)
     if env.backend == "mjwarp":
         simulation = settings.batch_size / raw
         print(f"      of the rollout, simulation at the raw rate {simulation * 1e3:9.2f} ms/iteration "

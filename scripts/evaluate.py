@@ -2,7 +2,8 @@
 
     python scripts/evaluate.py runs/Ant-v4/seed1_2026-11-29_10-00-00 --episodes 10
     python scripts/evaluate.py path/to/last.pt --episodes 5 --device cpu
-    python scripts/evaluate.py <run dir> --backend gymnasium   # the same policy on the other simulator
+    python scripts/evaluate.py <run dir> --backend gymnasium   # the same policy on another simulator
+    python scripts/evaluate.py <run dir> --backend mjwarp --device cuda --episodes 1000   # MuJoCo Warp worlds
     python scripts/evaluate.py <run dir> --episodes 3 --video   # and an MP4 of each, in <run dir>/videos
 
 Prints the mean and std of the episodic returns (raw environment rewards). With `--video` the episodes
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
+from pathlib import Path
 
 import torch
 
@@ -38,9 +41,10 @@ def envs_and_policy(checkpoint_path: str, device: torch.device, seed: int,
 @torch.no_grad()
 def evaluate(checkpoint_path: str, episodes: int, device: torch.device, seed: int = 12345,
              num_envs: int | None = None, backend: str | None = None) -> list[float]:
-    """`backend` (envpool or gymnasium) replays the policy on another simulator than it trained on:
-    the same task's scores differ between simulator builds (docs/results.md), and this asks whether
-    the policy or the simulator makes the difference."""
+    """`backend` (envpool, gymnasium or mjwarp) replays the policy on another simulator than it trained
+    on: the same task's scores differ between simulator builds (docs/results.md), and this asks whether
+    the policy or the simulator makes the difference. On MuJoCo Warp, `num_envs` worlds run on `device`
+    at once (a GPU's thousands give hundreds of episodes in one episode's time)."""
     overrides = {key: value for key, value in (("num_envs", num_envs), ("backend", backend)) if value is not None}
     envs, policy = envs_and_policy(checkpoint_path, device, seed, **overrides)
     # The same number of episodes from every env, taken in env order: the first episodes to end are
@@ -107,12 +111,14 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
     parser.add_argument("--seed", type=int, default=12345,
                         help="seeds the envs (default: 12345, apart from the training seeds)")
-    parser.add_argument("--backend", choices=["envpool", "gymnasium"], default=None,
-                        help="simulate with this backend instead of the run's env.backend")
+    parser.add_argument("--backend", choices=["envpool", "gymnasium", "mjwarp"], default=None,
+                        help="simulate with this backend instead of the run's env.backend (mjwarp: MuJoCo Warp "
+                             "worlds on --device)")
     parser.add_argument("--video", nargs="?", const="", default=None, metavar="DIR",
                         help="write an MP4 of each episode to DIR (default: <run dir>/videos); the episodes run on "
                              "gymnasium's env of the task, which renders them")
     parser.add_argument("--size", default="320x240", help="--video's frame size, WIDTHxHEIGHT (default: 320x240)")
+    parser.add_argument("--json", metavar="FILE", help="also write the returns, backend, seed and checkpoint to FILE")
     parser.add_argument("--frame-strip", metavar="PNG", help="with --video: 5 frames of the first episode's first 8 "
                                                              "seconds side by side, as one picture")
     args = parser.parse_args()
@@ -131,9 +137,9 @@ def main() -> None:
         parser.error(f"--size must be WIDTHxHEIGHT, e.g. 320x240; got {args.size!r}")
     try:
         if args.video is not None:
-            if args.backend == "envpool" or args.num_envs is not None:
-                parser.error("--video runs its episodes on gymnasium's env, one by one: leave out --backend envpool "
-                             "and --num-envs")
+            if args.backend in ("envpool", "mjwarp") or args.num_envs is not None:
+                parser.error(f"--video runs its episodes on gymnasium's env, one by one: leave out --backend "
+                             f"{args.backend or 'envpool'} and --num-envs")
             returns = record_videos(args.checkpoint, args.episodes, args.seed, args.video or None, width, height,
                                     args.frame_strip)
         else:
@@ -148,6 +154,10 @@ def main() -> None:
         sys.exit(f"error: {error}")
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
+    if args.json:
+        record = {"checkpoint": args.checkpoint, "backend": "gymnasium" if args.video is not None else args.backend,
+                  "seed": args.seed, "returns": returns.tolist()}
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

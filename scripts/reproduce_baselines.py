@@ -3,6 +3,17 @@
     python scripts/reproduce_baselines.py --device cuda          # everything (hours on a GPU host)
     python scripts/reproduce_baselines.py --dry-run              # print the commands only
     python scripts/reproduce_baselines.py --tasks Hopper-v4 --scale 0.01   # a quick check
+    python scripts/reproduce_baselines.py --backend mjwarp       # 10M steps on MuJoCo Warp, one GPU
+    python scripts/reproduce_baselines.py --backend mjwarp --tasks Ant-v4 --seeds 1 2   # a part of it
+
+With `--backend mjwarp` (the simulator on the GPU too): HalfCheetah, Hopper, Walker2d, Ant and Humanoid
+(-v4) for 10M steps x 3 seeds, each with its `+experiment=mjwarp_<task>` preset, one `train.py` process a
+run (so each run's time counts from its own command), one after another; then each run's policy (its mean
+action) is scored on gymnasium's own simulator, 10 episodes on the CPU (`--no-evaluation` leaves that
+out), and the summary beside Sample Factory's 10M scores gives the training return, the seconds from the
+command to Sample Factory's score and the gymnasium score. Runs accumulate in --out: run the tasks in
+parts (each part's command as long as you like) and every part's summary covers all of them so far; a
+run dir that already holds a finished run is not run again.
 
 Runs, each with its configs/env/ defaults: HalfCheetah, Hopper, Walker2d, Ant, Humanoid and
 InvertedPendulum (-v4) for 1M steps x 3 seeds; and Ant-v4 for 10M steps with a 10M experiment of
@@ -18,6 +29,7 @@ Jobs run one after another (Hydra's basic launcher); each has its own run dir un
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -28,6 +40,12 @@ from ppo.config import ConfigError, check_device_name, resolve_device
 ROOT = Path(__file__).resolve().parents[1]
 
 TASKS = ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4", "InvertedPendulum-v4"]
+# MuJoCo Warp: Sample Factory's five tasks at its 10M budget, each with its preset (configs/experiment/)
+MJWARP_TASKS = ["HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "Ant-v4", "Humanoid-v4"]
+MJWARP_PRESETS = {"HalfCheetah": "mjwarp_half_cheetah", "Hopper": "mjwarp_hopper", "Walker2d": "mjwarp_walker2d",
+                  "Ant": "mjwarp_ant", "Humanoid": "mjwarp_humanoid", "InvertedPendulum": "mjwarp_inverted_pendulum"}
+MJWARP_STEPS = 10_000_000
+GYMNASIUM_EVALUATION = "evaluation_gymnasium.json"  # scripts/summarize_results.py reads it
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml"))
 ENV_FILES = sorted(p.stem for p in (ROOT / "configs" / "env").glob("*.yaml"))
 
@@ -50,12 +68,44 @@ def commands(args) -> list[list[str]]:
     return runs
 
 
+def mjwarp_commands(args) -> list[list[str]]:
+    """One train.py process a run (`hydra.run.dir=<out>/mjwarp_10M/<task>_seed<seed>`), each followed by its
+    gymnasium evaluation; a run dir that holds a finished run is skipped; then the summary."""
+    runs = []
+    for task in args.tasks:
+        for seed in args.seeds:
+            run_dir = args.out / "mjwarp_10M" / f"{task}_seed{seed}"
+            if finished(run_dir):
+                print(f"# {run_dir} holds a finished run: not run again", flush=True)
+            else:
+                runs.append([sys.executable, "train.py", f"+experiment={MJWARP_PRESETS[task.split('-')[0]]}",
+                             f"env={task}", f"seed={seed}", f"total_timesteps={max(int(MJWARP_STEPS * args.scale), 1)}",
+                             f"device={args.device}", "log_every_s=10", f"hydra.run.dir={run_dir}"])
+            if args.evaluation and not (run_dir / GYMNASIUM_EVALUATION).is_file():
+                runs.append([sys.executable, "scripts/evaluate.py", str(run_dir), "--backend", "gymnasium",
+                             "--device", "cpu", "--episodes", "10", "--num-envs", "10",
+                             "--json", str(run_dir / GYMNASIUM_EVALUATION)])
+    return [*runs, [sys.executable, "scripts/summarize_results.py", str(args.out), "--out", str(args.docs)]]
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether `run_dir`'s train.log says its run finished (a stopped or failed one is run again, resumed
+    by hand or started over)."""
+    log = run_dir / "train.log"
+    return log.is_file() and any(" finished at step " in line for line in log.read_text().splitlines())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N")
-    parser.add_argument("--tasks", nargs="+", default=TASKS, choices=ENV_FILES, metavar="TASK",
-                        help="configs/env/ names for the 1M runs (default: the six -v4 tasks)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds of the 1M runs (default: 1 2 3)")
+    parser.add_argument("--backend", choices=("envpool", "mjwarp"), default="envpool",
+                        help="envpool (the env files' 1M runs, and Ant-v4 at 10M) or mjwarp (the MuJoCo Warp "
+                             "presets at 10M; see above)")
+    parser.add_argument("--tasks", nargs="+", default=None, choices=ENV_FILES, metavar="TASK",
+                        help="configs/env/ names (default: the six -v4 tasks; with --backend mjwarp the five of "
+                             "Sample Factory's table)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],
+                        help="seeds of the 1M runs, or of the mjwarp runs (default: 1 2 3)")
     parser.add_argument("--ant-10m-seeds", nargs="*", type=int, default=[1, 2, 3],
                         help="seeds of the 10M Ant-v4 runs, made if --tasks has Ant-v4 (default: 1 2 3; none: no 10M)")
     parser.add_argument("--ant-10m-experiment", default="ant_10m", choices=EXPERIMENTS,
@@ -65,9 +115,15 @@ def main() -> None:
                         help="run dirs go here (default: multirun/baselines)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="results.md and results/ go here (default: --out; the project's own: docs)")
+    parser.add_argument("--no-evaluation", dest="evaluation", action="store_false",
+                        help="--backend mjwarp: leave out the gymnasium evaluation of each run")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args()
     args.docs = args.docs or args.out
+    mjwarp = args.backend == "mjwarp"
+    args.tasks = args.tasks or (MJWARP_TASKS if mjwarp else TASKS)
+    if mjwarp and (unknown := [task for task in args.tasks if task.split("-")[0] not in MJWARP_PRESETS]):
+        parser.error(f"--backend mjwarp has presets for {', '.join(MJWARP_PRESETS)}; not for {', '.join(unknown)}")
     if not args.scale > 0:
         parser.error(f"--scale must be positive, got {args.scale}")
     # Bad input fails here, before hours of jobs, not in the first job's output.
@@ -77,7 +133,7 @@ def main() -> None:
             resolve_device(args.device, "--device")
     except ConfigError as error:
         parser.error(str(error))
-    for command in commands(args):
+    for command in mjwarp_commands(args) if mjwarp else commands(args):
         print("$", shlex.join(command), flush=True)
         if not args.dry_run and (status := subprocess.run(command, cwd=ROOT).returncode):
             sys.exit(f"error: that command exited with status {status} (its output is above); stopped there")

@@ -50,12 +50,21 @@ REFERENCES: dict[tuple[str, int], tuple[float, str]] = {
     ("Humanoid-v4", 1_000_000): (716, "CleanRL ppo_continuous_action"),
     ("InvertedPendulum-v4", 1_000_000): (963, "CleanRL ppo_continuous_action"),
     ("Ant-v4", 1_000_000): (2965, "CleanRL ppo_continuous_action_envpool"),
+    # Sample Factory's MuJoCo results at 10M steps (its docs' environment integrations, MuJoCo page).
+    ("HalfCheetah-v4", 10_000_000): (6263, "Sample Factory"),
+    ("Hopper-v4", 10_000_000): (2793, "Sample Factory"),
+    ("Walker2d-v4", 10_000_000): (5488, "Sample Factory"),
     ("Ant-v4", 10_000_000): (5876, "Sample Factory (rl_games reports ~6000 at 8M)"),
+    ("Humanoid-v4", 10_000_000): (5439, "Sample Factory"),
     # DeepMind Control through Shimmy: CleanRL's docs/rl-algorithms/rpo.md, ppo_continuous_action_8M, 10 seeds.
     ("CheetahRun-v1", 8_000_000): (472.14, "CleanRL ppo_continuous_action_8M, dm_control/cheetah-run-v0"),
     ("WalkerWalk-v1", 8_000_000): (305.74, "CleanRL ppo_continuous_action_8M, dm_control/walker-walk-v0"),
 }
-CSV_COLUMNS = ["task", "steps", "seeds", "mean", "std", "wall_clock_s", "sps", "hardware"]
+CSV_COLUMNS = ["task", "steps", "seeds", "mean", "std", "wall_clock_s", "sps", "hardware", "seconds_to_reference",
+               "gymnasium_eval_mean", "gymnasium_eval_std"]
+# What scripts/evaluate.py --json writes into a run dir for scripts/reproduce_baselines.py: the policy's mean
+# action on gymnasium's own simulator.
+GYMNASIUM_EVALUATION = "evaluation_gymnasium.json"
 
 
 @dataclass
@@ -72,6 +81,18 @@ class Run:
     final_step: int
     wall_clock_s: float  # from the first to the last logged iteration, per process, summed
     timed_steps: int  # the steps trained within those spans
+    # Seconds from the command's start to each logged return (None: a resumed run, or one from before
+    # run_info.json recorded its start)
+    seconds: np.ndarray | None = None
+    gymnasium_returns: list[float] | None = None  # GYMNASIUM_EVALUATION's episodes, where it was evaluated
+
+    def seconds_to(self, score: float) -> float | None:
+        """Seconds from the command to the first iteration whose mean return reached `score`; None where it
+        never did or the run's start is unknown."""
+        if self.seconds is None:
+            return None
+        reached = np.flatnonzero(self.returns >= score)
+        return float(self.seconds[reached[0]]) if reached.size else None
 
     @property
     def sps(self) -> float | None:
@@ -103,6 +124,11 @@ def load_run(path: Path) -> Run | None:
     budget = _budget(path) or sps[-1].step
     wall_clock_s, timed_steps = _timed_span(path)
     task = info["env_id"] + _configuration(path)
+    one_process = len(list(path.glob("events.out.tfevents.*"))) == 1 and "resumed_from" not in info
+    seconds = (np.array([e.wall_time for e in returns]) - info["started"]
+               if one_process and "started" in info else None)
+    evaluation = path / GYMNASIUM_EVALUATION
+    gymnasium_returns = json.loads(evaluation.read_text())["returns"] if evaluation.is_file() else None
     # The simulator build counts as hardware: the same code and config score differently on another
     # build (envpool 1.2.5 against 1.2.7 and gymnasium, docs/results.md), so such runs must not pool.
     # Runs from before it was recorded lack it.
@@ -110,7 +136,8 @@ def load_run(path: Path) -> Run | None:
     return Run(path=path, env_id=info["env_id"], task=task, budget=budget, seed=info["seed"], hardware=hardware,
                steps=np.array([e.step for e in returns]), returns=np.array([e.value for e in returns]),
                episodes=np.array([episodes.get(e.step, 1.0) for e in returns]),
-               final_step=sps[-1].step, wall_clock_s=wall_clock_s, timed_steps=timed_steps)
+               final_step=sps[-1].step, wall_clock_s=wall_clock_s, timed_steps=timed_steps, seconds=seconds,
+               gymnasium_returns=gymnasium_returns)
 
 
 def _timed_span(path: Path) -> tuple[float, int]:
@@ -210,8 +237,27 @@ def summarize(runs: list[Run]) -> list[dict]:
             "wall_clock_s": round(wall, 1),
             "sps": mean_sps(group),
             "hardware": hardware,
+            "seconds_to_reference": seconds_to_reference(task, budget, group),
+            **gymnasium_evaluation(group),
         })
     return rows
+
+
+def seconds_to_reference(task: str, budget: int, runs: list[Run]) -> float | None:
+    """When the slowest seed first reached the task's reference score, in seconds from its command (so every
+    seed had by then); None where there is no reference, a seed never reached it, or its start is unknown."""
+    public = reference(task, budget)
+    times = [run.seconds_to(public[0]) for run in runs] if public else [None]
+    return None if None in times else round(max(times), 1)
+
+
+def gymnasium_evaluation(runs: list[Run]) -> dict[str, float | None]:
+    """The mean over seeds of each seed's mean evaluation return on gymnasium's simulator, and their std
+    (ddof=0, as the training score's); None where a seed was not evaluated."""
+    if any(run.gymnasium_returns is None for run in runs):
+        return {"gymnasium_eval_mean": None, "gymnasium_eval_std": None}
+    means = np.array([np.mean(run.gymnasium_returns) for run in runs])
+    return {"gymnasium_eval_mean": round(float(means.mean()), 1), "gymnasium_eval_std": round(float(means.std()), 1)}
 
 
 def mean_sps(runs: list[Run]) -> int | None:
@@ -285,15 +331,23 @@ def write_markdown(rows: list[dict], path: Path, images: Path) -> None:
     notes = kept_notes(path)
     lines = ["# Results", "",
              "The table is written by `scripts/summarize_results.py`. Score: the average return of each run's last",
-             "100 training episodes (CleanRL's metric); mean and std (ddof=0) over seeds. The hardware column ends",
-             "with the simulator build. How and where the runs ran, and what the rows say: below the table.", "",
-             "| task | steps | seeds | mean | std | reference | wall-clock s | SPS | hardware |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+             "100 training episodes (CleanRL's metric); mean and std (ddof=0) over seeds. `s to reference`: seconds",
+             "from the command until every seed's training return had reached the reference; `gymnasium eval`: the",
+             "policy's mean action on gymnasium's own simulator (10 episodes a seed; mean and std over seeds). The",
+             "hardware column ends with the simulator build. How and where the runs ran, and what the rows say:",
+             "below the table.", "",
+             "| task | steps | seeds | mean | std | reference | s to reference | gymnasium eval | wall-clock s | SPS "
+             "| hardware |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for row in rows:
         public = reference(row["task"], row["steps"])
         ref = f"{public[0]} ({public[1]})" if public else "-"
+        to_reference = "-" if row.get("seconds_to_reference") is None else f"{row['seconds_to_reference']:,}"
+        evaluation = ("-" if row.get("gymnasium_eval_mean") is None
+                      else f"{row['gymnasium_eval_mean']} +- {row['gymnasium_eval_std']}")
         lines.append(f"| {row['task']} | {row['steps']:,} | {row['seeds']} | {row['mean']} | {row['std']} | {ref} | "
-                     f"{row['wall_clock_s']:,} | {format_sps(row['sps'])} | {row['hardware']} |")
+                     f"{to_reference} | {evaluation} | {row['wall_clock_s']:,} | {format_sps(row['sps'])} | "
+                     f"{row['hardware']} |")
     lines.append("")
     if notes:
         lines += [notes, ""]
@@ -342,6 +396,8 @@ def read_csv(path: Path) -> list[dict]:
         row["steps"], row["seeds"] = int(row["steps"]), int(row["seeds"])
         row["mean"], row["std"], row["wall_clock_s"] = float(row["mean"]), float(row["std"]), float(row["wall_clock_s"])
         row["sps"] = int(row["sps"]) if row["sps"] else None
+        for column in ("seconds_to_reference", "gymnasium_eval_mean", "gymnasium_eval_std"):
+            row[column] = float(row[column]) if row.get(column) else None  # older CSVs lack these columns
     return rows
 
 

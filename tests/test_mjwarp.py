@@ -34,9 +34,21 @@ try:
 except ImportError:
     HAVE_MJWARP = False
 needs_mjwarp = pytest.mark.skipif(not HAVE_MJWARP, reason='needs pip install -e ".[mjwarp]"')
+
+
+def _warp_has_a_cpu_compiler() -> bool:
+    from ppo.mjwarp import import_mujoco_warp
+
+    return import_mujoco_warp()[0].is_cpu_available()
+
+
+# A CUDA-only Warp install (no warp-clang) runs MuJoCo Warp on GPUs alone: its CPU-backend tests skip.
+needs_warp_cpu = pytest.mark.skipif(not HAVE_MJWARP or not _warp_has_a_cpu_compiler(),
+                                    reason="MuJoCo Warp on the CPU: this Warp has no CPU compiler (warp-clang)")
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
-DEVICES = [CPU, *([CUDA] if torch.cuda.is_available() else [])]
+DEVICES = [pytest.param(CPU, marks=needs_warp_cpu, id="cpu"),
+           *([pytest.param(CUDA, id="cuda")] if torch.cuda.is_available() else [])]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -111,7 +123,7 @@ STEPS = {"Ant": 1}
 
 
 @needs_mjwarp
-@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("env_id", [i for i in IDS if i.endswith("v5")] + ["Ant-v4", "Humanoid-v4"])
 def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id, device):
     name = env_id.split("-")[0]
@@ -140,6 +152,7 @@ def test_the_env_follows_gymnasium_from_identical_states_and_actions(env_id, dev
 
 
 @needs_mjwarp
+@needs_warp_cpu
 @pytest.mark.parametrize("env_id", ["InvertedPendulum-v5", "HalfCheetah-v5"])
 def test_reset_states_follow_gymnasiums_noise_and_each_world_has_its_own_seeded_stream(env_id):
     envs, task, model = make(env_id, 512), TASKS[env_id](), gym_env(env_id).model
@@ -177,6 +190,7 @@ class Balancing(KnownPolicy):
 
 
 @needs_mjwarp
+@needs_warp_cpu
 def test_an_episode_truncates_at_gymnasiums_1000_steps_and_the_next_step_autoresets_and_bootstraps():
     envs = make("InvertedPendulum-v5", 2)
     assert envs.max_episode_steps == 1000
@@ -200,6 +214,7 @@ def test_an_episode_truncates_at_gymnasiums_1000_steps_and_the_next_step_autores
 
 
 @needs_mjwarp
+@needs_warp_cpu
 def test_contact_forces_and_actuator_forces_are_zero_in_a_first_observation_as_in_gymnasium():
     envs, env = make("Humanoid-v5", 2), gym_env("Humanoid-v5")
     first = env.reset(seed=0)[0]
@@ -263,6 +278,7 @@ TRAIN = ["env=InvertedPendulum-v5", "env.backend=mjwarp", "device=cpu", "env.num
 
 
 @needs_mjwarp
+@needs_warp_cpu
 def test_train_py_trains_checkpoints_and_resumes_on_mjwarp(tmp_path):
     first = run_train(*TRAIN, "total_timesteps=128", f"hydra.run.dir={tmp_path}")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -276,6 +292,25 @@ def test_train_py_trains_checkpoints_and_resumes_on_mjwarp(tmp_path):
     # Its policy on gymnasium's own simulator: the same task, so the same observation layout.
     evaluated = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path), "--episodes",
                                 "2", "--backend", "gymnasium"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0 and "2 episodes: mean return" in evaluated.stdout, evaluated.stderr[-2000:]
+
+
+@needs_mjwarp
+@needs_warp_cpu
+def test_evaluate_py_scores_a_policy_trained_elsewhere_on_mujoco_warp_worlds(tmp_path):
+    trained = run_train("env=InvertedPendulum-v4", "env.backend=gymnasium", "device=cpu", "env.num_envs=4",
+                        "ppo.num_steps=16", "ppo.num_minibatches=2", "ppo.update_epochs=1", "total_timesteps=128",
+                        f"hydra.run.dir={tmp_path}")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    from evaluate import evaluate
+
+    returns = evaluate(str(tmp_path), episodes=6, device=CPU, num_envs=3, backend="mjwarp")
+    # InvertedPendulum-v4 pays 1 a step: whole episodes of the policy on MuJoCo Warp, at least a step each.
+    assert len(returns) == 6 and all(r >= 1 and float(r).is_integer() for r in returns)
+    assert returns == evaluate(str(tmp_path), episodes=6, device=CPU, num_envs=3, backend="mjwarp")  # seeded
+    evaluated = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), str(tmp_path), "--episodes",
+                                "2", "--num-envs", "2", "--backend", "mjwarp", "--device", "cpu"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
     assert evaluated.returncode == 0 and "2 episodes: mean return" in evaluated.stdout, evaluated.stderr[-2000:]
 
 
@@ -302,6 +337,17 @@ def test_a_missing_extra_names_the_pip_command(tmp_path):
     assert result.stderr.strip().startswith("error: env.backend=mjwarp needs MuJoCo Warp")
     assert result.stderr.strip().endswith('pip install -e ".[mjwarp]"')
     assert not (tmp_path / "run").exists()
+
+
+@needs_mjwarp
+def test_a_warp_without_a_cpu_compiler_refuses_a_cpu_run_in_one_line(monkeypatch):
+    from ppo.mjwarp import check_device, import_mujoco_warp
+
+    monkeypatch.setattr(import_mujoco_warp()[0], "is_cpu_available", lambda: False)  # as a CUDA-only install
+    with pytest.raises(ConfigError, match="^env.backend=mjwarp on the CPU needs Warp's CPU compiler") as refused:
+        check_device(CPU)
+    assert "\n" not in str(refused.value)
+    check_device(CUDA)  # a GPU needs no CPU compiler
 
 
 def test_an_unknown_task_is_refused_by_name_where_mujoco_warp_is_not_installed_too():

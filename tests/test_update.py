@@ -342,6 +342,47 @@ def test_cuda_graph_updates_match_the_eager_loop(target_kl, compile, adaptive_lr
     assert not torch.equal(graph_params[1][0], graph_params[2][0]), "the replayed update did not train"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: TF32 tensor cores")
+def test_a_tf32_update_stays_within_two_percent_of_the_fp32_update():
+    # ppo.matmul_precision=tf32 reads the products' inputs to 10 mantissa bits (~1e-3 relative). Held here:
+    # over 2 epochs x 4 minibatches of a preset-sized network and batch, each parameter tensor's change and
+    # each statistic stays within 2% of fp32's; and TF32 really ran (the two differ).
+    from ppo.update import Updater, make_optimizer, set_matmul_precision
+
+    cuda = torch.device("cuda")
+    settings = PPOSettings(num_minibatches=4, update_epochs=2, learning_rate=1e-3, fused_update=False, compile=False)
+
+    def update(precision: str) -> tuple[list[torch.Tensor], torch.Tensor]:
+        torch.manual_seed(0)
+        agent = Agent(27, 8, hidden_sizes=(512, 256, 128), activation="elu").to(cuda)
+        start = [p.detach().clone() for p in agent.parameters()]
+        set_matmul_precision(dataclasses.replace(settings, matmul_precision=precision), cuda)
+        try:
+            stats = Updater(agent, make_optimizer(agent, settings, cuda, False), settings)(
+                filled_buffer(0, num_steps=16, num_envs=1024, obs_dim=27, act_dim=8, device=cuda),
+                torch.Generator(cuda).manual_seed(1))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        return ([p.detach() - s for p, s in zip(agent.parameters(), start, strict=True)],
+                torch.stack([stats[name] for name in STAT_NAMES]))
+
+    (tf32_changes, tf32_stats), (fp32_changes, fp32_stats) = update("tf32"), update("ieee")
+    assert not all(torch.equal(a, b) for a, b in zip(tf32_changes, fp32_changes, strict=True)), "TF32 did not run"
+    for tf32, fp32 in zip(tf32_changes, fp32_changes, strict=True):
+        assert (tf32 - fp32).norm() <= 0.02 * fp32.norm()
+    torch.testing.assert_close(tf32_stats, fp32_stats, rtol=0.02, atol=1e-4)
+
+
+def test_matmul_precision_is_checked_and_leaves_a_cpu_run_in_fp32():
+    from ppo.config import ConfigError
+    from ppo.update import set_matmul_precision
+
+    with pytest.raises(ConfigError, match="`ppo.matmul_precision` must be one of ieee, tf32, got 'bf16'"):
+        PPOSettings(matmul_precision="bf16")
+    assert not set_matmul_precision(PPOSettings(matmul_precision="tf32"), torch.device("cpu"))
+    assert not torch.backends.cuda.matmul.allow_tf32
+
+
 def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     from ppo.update import set_learning_rate
 
