@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+import hydra.core.utils as hydra_utils
 import torch
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # how it lists a grid's jobs: public in all 1.x
 from hydra._internal.utils import get_args_parser  # hydra.main's own command-line parser
@@ -34,9 +35,29 @@ from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from ppo.config import ConfigError, TrainSettings, check_setting_key, resolve_device, settings_from_dict
 from ppo.envs import check_env_id, observation_action_size
 from ppo.resources import check_resources
-from ppo.signals import interrupt_on_signals
+from ppo.signals import StopOnSignal, interrupt_on_signals
 
 ROOT = Path(__file__).resolve().parent
+
+def _save_record_or_refuse(save):
+    """Hydra's writer of a run dir's `.hydra/` record (config, hydra, overrides), wrapped: where the disk is
+    full (or the dir unwritable) Hydra would end in a traceback of its own; here one line, the new run dir
+    removed, and exit 2 (refused: nothing was trained)."""
+    def saved(cfg, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as error:
+            run_dir = str(Path(output_dir).parent)
+            removed = run_records.discard_if_new(run_dir)
+            print(f"error: cannot write the run's record {Path(output_dir) / filename}: {error.strerror or error}"
+                  + (f"; its new run dir was removed ({run_dir})" if removed else ""), file=sys.stderr, flush=True)
+            sys.exit(2)
+
+    return saved
+
+
+if callable(getattr(hydra_utils, "_save_config", None)):  # Hydra 1.x; elsewhere its own traceback
+    hydra_utils._save_config = _save_record_or_refuse(hydra_utils._save_config)
 
 # Optuna imports alembic, whose INFO lines on its plugins Hydra's console logger would print at the
 # start of every search (7 lines of `[HYDRA] setup plugin alembic...`).
@@ -95,16 +116,16 @@ def command_line_keys() -> frozenset[str]:
 
 
 def claim_run_dir(run_dir: str, resume: str | None) -> None:
-    """Lock the run dir for this process (`ppo.run_dir.claim`), or exit with one line: 1 where another
-    run trains there; 2 where it cannot be made or opened (Hydra's own mkdir would raise a traceback) or
-    holds another run's checkpoint that this command does not resume (`check_not_another_runs`). The
-    refused run exits without touching the dir: even one that holds nothing but `.hydra/` yet is the
-    other run's."""
+    """Lock the run dir for this process (`ppo.run_dir.claim`), or exit 2 (refused) with one line: where
+    another run trains there, where it cannot be made or opened (Hydra's own mkdir would raise a traceback)
+    or where it holds another run's checkpoint that this command does not resume
+    (`check_not_another_runs`). The refused run exits without touching the dir: even one that holds
+    nothing but `.hydra/` yet is the other run's."""
     try:
         run_records.claim(run_dir)
     except run_records.RunDirInUse as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2)
     except OSError as error:
         print(f"error: run dir {run_dir} cannot be made or written: {error.strerror} (hydra.run.dir)", file=sys.stderr)
         sys.exit(2)
@@ -128,7 +149,15 @@ def run_dir_claimed(run_dir: str, resume: str | None) -> Iterator[None]:
 
 
 class Sweep(Callback):
-    """A sweep's checks and its last line (configs/train.yaml's `hydra.callbacks`)."""
+    """A sweep's checks, its last line (configs/train.yaml's `hydra.callbacks`), and the jobs it has begun,
+    so that a sweep stopped by a signal can say which of its jobs never ran."""
+
+    jobs: list[str] = []  # a grid sweep's jobs (`#<number> <overrides>`), in the order they run
+    started = 0  # jobs begun (Hydra's on_job_start: after it wrote the job's .hydra/, before main)
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        Sweep.started += 1
+        StopOnSignal.ended = False  # this job has not trained yet
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """Check a sweep's jobs before the first one starts. Each job checks itself anyway, but only when
@@ -138,10 +167,15 @@ class Sweep(Callback):
         is checked instead, at its corners (search_space_corners). Other sweepers' jobs check themselves.
         A launcher that runs the jobs elsewhere (SLURM) gets the value checks only: the GPU, envpool
         and the checkpoints the jobs need are on the machines that run them, not on this one."""
+        if not str(config.hydra.sweep.dir).strip():
+            print("error: hydra.sweep.dir is empty: give the sweep a dir of its own (or leave it to the default)",
+                  file=sys.stderr)
+            sys.exit(2)
         sweeper = config.hydra.sweeper._target_
         grid = sweeper == f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
         if grid:
             jobs, what, first, none_started = grid_jobs(config), "jobs of this sweep", "first", "none was started"
+            Sweep.jobs = swept_names(jobs)
         elif sweeper.endswith(".OptunaSweeper"):
             jobs, what = search_space_corners(config), "corners of this search space"
             first, none_started = "first trial", "no trial was started"
@@ -195,6 +229,28 @@ class Sweep(Callback):
               f"python {shlex.quote(str(script))} {shlex.quote(str(sweep_dir))}", flush=True)
 
 
+def swept_names(jobs: list[tuple[str, list[str]]]) -> list[str]:
+    """Each job as `#<number>` and the overrides that differ between the jobs (`#1 seed=2`): what tells
+    one job from another, without the settings they share."""
+    values: dict[str, set[str]] = {}
+    for _, overrides in jobs:
+        for override in overrides:
+            values.setdefault(run_records.override_key(override), set()).add(override)
+    swept = {key for key, seen in values.items() if len(seen) > 1}
+    return [" ".join([name.split()[0], *(o for o in overrides if run_records.override_key(o) in swept)])
+            for name, overrides in jobs]
+
+
+def jobs_never_run(current_ran: bool) -> str | None:
+    """For a grid sweep that a signal stops: the line naming its jobs that never ran (the current one too,
+    unless `current_ran`: it trained, or ended); None outside a grid sweep, or where every job ran."""
+    never = Sweep.jobs[Sweep.started - (0 if current_ran else 1):] if Sweep.jobs else []
+    if not never:
+        return None
+    shown = "; ".join(never[:5]) + (f"; and {len(never) - 5} more" if len(never) > 5 else "")
+    return f"the sweep stopped there; of its {len(Sweep.jobs)} jobs these never ran: {shown}"
+
+
 class RunDirLock(Callback):
     """A single run claims its dir (`claim_run_dir`) before Hydra writes its `.hydra/` record there
     (configs/train.yaml's `hydra.callbacks`): from train.py's main(), a run refused because another still
@@ -209,6 +265,10 @@ class RunDirLock(Callback):
         except OmegaConfBaseException as error:  # Hydra would fail too, in a traceback of its own formatting
             print(f"error: hydra.run.dir={OmegaConf.to_container(config.hydra.run)['dir']} does not resolve: "
                   f"{str(error).splitlines()[0]}", file=sys.stderr)
+            sys.exit(2)
+        if not str(run_dir).strip():  # else the run's files would land in the working directory, unannounced
+            print("error: hydra.run.dir is empty: give the run a dir of its own (or leave it to the default)",
+                  file=sys.stderr)
             sys.exit(2)
         resume = OmegaConf.select(config, "resume", default=None)  # the settings' checks come later
         claim_run_dir(str(run_dir), None if resume is None else str(resume))

@@ -24,11 +24,19 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from hydra_edge import check_command_line, checked, command_line_keys, refuse, run_dir_claimed  # noqa: E402
+from hydra_edge import (  # noqa: E402
+    check_command_line,
+    checked,
+    command_line_keys,
+    jobs_never_run,
+    refuse,
+    run_dir_claimed,
+)
 from ppo import run_dir as run_records  # noqa: E402
 from ppo.config import ConfigError  # noqa: E402
 from ppo.signals import (  # noqa: E402
     EXIT_FAILED,
+    EXIT_REFUSED,
     EXIT_STOPPED,
     Interrupted,
     StopOnSignal,
@@ -45,28 +53,40 @@ def main(cfg: DictConfig) -> float:
     try:
         settings, device = checked(cfg)
     except ConfigError as error:
-        refuse(f"error: {error}", 2)
+        refuse(f"error: {error}", EXIT_REFUSED)
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         with run_dir_claimed(run_dir, settings.resume):
             objective = train(settings, run_dir, device, command_line_keys())
-    except ConfigError as error:  # raised before training starts (a resume that does not fit)
+    except ConfigError as error:  # raised before training starts (a resume that does not fit, a task's spaces)
         run_records.discard_if_new(run_dir)
-        refuse(f"error: {error}", 1)
+        refuse(f"error: {error}", EXIT_REFUSED)
     except TrainingFailed:  # train() has said why, in the run's train.log too
         sys.exit(EXIT_FAILED)
-    if StopOnSignal.received:  # in a sweep, Ctrl-C/SIGTERM ends the sweep, not just this job
+    if StopOnSignal.received:  # in a sweep, a signal ends the sweep, not just this job
+        never = jobs_never_run(current_ran=True)
+        if never:
+            print(never, file=sys.stderr, flush=True)
         sys.exit(EXIT_STOPPED)
     return objective
 
 
 def ended_by_signal(interrupt: Interrupted) -> None:
-    """A signal during start-up (no checkpoint yet: the new run dir goes), or a second one while training
-    (train.log says where): one line, and the shell's exit code for a signal."""
+    """A signal during start-up (no checkpoint yet: the new run dir goes), a second one while training
+    (train.log says where), or one after training ended (a sweep's next job not begun): one line, the
+    sweep's jobs that never ran, and the shell's exit code for a signal."""
     removed = [run_dir for run_dir in run_records.new_dirs() if run_records.discard_if_new(run_dir)]
-    if not interrupt.said:
+    ran = interrupt.said or StopOnSignal.ended
+    if interrupt.said:  # a second signal while training: train.log and the console have its line
+        pass
+    elif StopOnSignal.ended:
+        print(f"stopped by {interrupt.name} after the run had ended; nothing was lost", file=sys.stderr, flush=True)
+    else:
         gone = f"; its new run dir was removed ({removed[0]})" if removed else ""
         print(stopped_during_start_up(interrupt.name) + gone, file=sys.stderr, flush=True)
+    never = jobs_never_run(current_ran=ran)
+    if never:
+        print(never, file=sys.stderr, flush=True)
     sys.exit(interrupt.exit_code)
 
 

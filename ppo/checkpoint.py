@@ -27,6 +27,10 @@ class CheckpointError(ValueError):
     """A file that is not a checkpoint train.py wrote: another file given by mistake, or a torn copy."""
 
 
+class NonFiniteState(ValueError):
+    """A run's state holds NaN or inf: `save_checkpoint` refuses to write it over the last good one."""
+
+
 def training_state(settings, iteration: int, global_step: int, agent: torch.nn.Module,
                    optimizer: torch.optim.Optimizer, normalizers: dict[str, Any], generator: torch.Generator,
                    observation_layout: list[list]) -> dict[str, Any]:
@@ -74,7 +78,11 @@ def restore_training_state(checkpoint: dict[str, Any], agent: torch.nn.Module, o
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     """Write `state` to `<run_dir>/checkpoints/last.pt` so that neither a crash nor a power cut leaves a
     torn file: written to a temporary file, flushed to disk, renamed over the last one, and the rename
-    flushed too (without the two fsyncs a power cut after the rename can leave an empty `last.pt`)."""
+    flushed too (without the two fsyncs a power cut after the rename can leave an empty `last.pt`).
+    A state holding NaN or inf is not written (`NonFiniteState`): the last good checkpoint stays."""
+    non_finite = non_finite_part(state)
+    if non_finite:  # a NaN model must never replace the last good checkpoint, nor pass as one
+        raise NonFiniteState(f"{non_finite} holds NaN or inf")
     directory = Path(run_dir) / CHECKPOINT_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LAST
@@ -87,9 +95,13 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
         os.replace(tmp, path)
     except BaseException as error:  # a full disk, a second signal: `last.pt` is untouched, no half-written copy stays
         tmp.unlink(missing_ok=True)
+        if isinstance(error, RuntimeError) and isinstance(error.__context__, OSError):
+            # A write that fails inside torch.save (a full disk) fails again as its zip writer closes, with a
+            # RuntimeError of the writer's internals ("unexpected pos ..."): the OSError before it says why.
+            error = error.__context__
         if isinstance(error, OSError) and error.filename is None:  # a failed write names no file
             error.filename = str(tmp)
-        raise
+        raise error
     _fsync_dir(directory)
     return path
 
@@ -168,7 +180,38 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     if wrong:
         raise CheckpointError(f"{path} is not a whole checkpoint of train.py: its {wrong} (a damaged or edited "
                               f"file; an earlier copy of the run, if any, is the one to use)")
+    non_finite = non_finite_part(checkpoint)
+    if non_finite:
+        raise CheckpointError(f"{path} holds NaN or inf in {non_finite}: no policy or resume can come of it (a "
+                              f"damaged or edited file; an earlier copy of the run, if any, is the one to use)")
     return checkpoint
+
+
+# The parts of a checkpoint that hold the numbers training made: each must be finite.
+NUMBER_PARTS = ("agent", "optimizer", "obs_normalizer", "reward_scaler", "value_normalizer")
+
+
+def non_finite_part(state: dict[str, Any]) -> str | None:
+    """Where a checkpoint's state holds a NaN or inf, as `` `agent` (actor_mean.0.weight) ``, or None: the
+    model, the optimiser's moments and the normalisers' statistics (not the RNG states, which are bytes)."""
+    def walk(value: Any, where: str) -> str | None:
+        if isinstance(value, torch.Tensor):
+            finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
+            return None if finite else where
+        if isinstance(value, float):
+            return None if np.isfinite(value) else where
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            found = walk(item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+
+    for part in NUMBER_PARTS:
+        found = walk(state.get(part), "")
+        if found:
+            return f"`{part}` ({found})"
+    return None
 
 
 def wrong_contents(checkpoint: dict[str, Any]) -> str | None:

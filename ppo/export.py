@@ -9,6 +9,8 @@ actor's mean, and clipping to the task's action bounds; `action` `[N, act_dim]` 
 from __future__ import annotations
 
 import copy
+import io
+import os
 from pathlib import Path
 
 import torch
@@ -53,19 +55,38 @@ def export(policy: Policy, fmt: str, path: str | Path) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     module, inputs = DeployedPolicy(policy), example_inputs(policy)
     with torch.no_grad():
         if fmt == "torchscript":
-            torch.jit.save(torch.jit.trace(module, inputs), str(path))
+            buffer = io.BytesIO()
+            torch.jit.save(torch.jit.trace(module, inputs), buffer)
+            data = buffer.getvalue()
         else:
             names = input_names(policy)
             batch = torch.export.Dim("batch")
             program = torch.onnx.export(module, inputs, input_names=names, output_names=["action"],
                                         dynamic_shapes=(tuple({0: batch} for _ in names),), dynamo=True,
                                         verbose=False)
-            program.save(str(path))
+            data = program.model_proto.SerializeToString()
+    write_atomically(path, data)
     return path
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` to `path` through a temporary file and a rename: a full disk fails as an OSError naming `path`
+    (torch's own writers abort the process there) and leaves no torn file, nor loses one there before."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        error.filename = str(path)
+        raise
 
 
 def describe(policy: Policy, path: Path) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
+import fnmatch
 import json
 import os
 import platform
@@ -69,12 +71,39 @@ def check_writable(run_dir: str) -> None:
     before anything starts, rather than from the first log line or checkpoint. Permission bits alone
     would not say it: root passes them, a read-only mount does not."""
     probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+    checkpoints = os.path.join(run_dir, CHECKPOINT_DIR)
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.remove(probe)
+        if os.path.lexists(checkpoints) and not os.path.isdir(checkpoints):  # else found at the first save
+            raise NotADirectoryError(errno.ENOTDIR, f"{checkpoints} is not a dir, where its checkpoints go")
     except OSError:
         release(run_dir)
         raise
+
+
+# What train.py writes into a run dir, relative to it: a tool that writes a file (an export, a video, an
+# evaluation's record, a plot) may add files beside these but never write over one of them.
+RUN_RECORDS = (f"{CHECKPOINT_DIR}/*", ".hydra/*", "wandb/*", "train.log", RUN_INFO, "wandb_id",
+               "events.out.tfevents.*", "videos/step_*.mp4", ".write-test-*")
+
+
+def check_tool_output(output: str | Path, reads: str | Path | None = None, option: str = "--output") -> None:
+    """A ConfigError where a tool would write `output` (given by `option`) over a run's own records: the
+    checkpoint it `reads`, or a file under a run dir (one holding `run_info.json` or a checkpoint) that
+    `RUN_RECORDS` names. An existing directory is refused too: a file is asked for."""
+    path = Path(output).expanduser().resolve()
+    if path.is_dir():
+        raise ConfigError(f"{option} {output} is a directory; give a file name")
+    if reads is not None and path == Path(reads).expanduser().resolve():
+        raise ConfigError(f"{option} {output} is the checkpoint this reads; write elsewhere")
+    for run_dir in list(path.parents)[:3]:  # <run>/x, <run>/checkpoints/x, <run>/.hydra/x, ...
+        if not ((run_dir / RUN_INFO).is_file() or (run_dir / CHECKPOINT_DIR).is_dir()):
+            continue
+        inside = path.relative_to(run_dir).as_posix()
+        if any(fnmatch.fnmatchcase(inside, pattern) for pattern in RUN_RECORDS):
+            raise ConfigError(f"{option} {output} would overwrite the run's own {inside} in {run_dir}; write it "
+                              "elsewhere (a new file in the run dir is fine)")
 
 
 def check_not_another_runs(run_dir: str, resume: str | None) -> None:
@@ -238,13 +267,15 @@ def command_value(value) -> str:
 
 
 def resume_command(run_dir: str | Path, resume: str | None = None, total_timesteps: int | None = None) -> str:
-    """`python train.py <the run's own overrides> resume=<resume, or the run dir>`; `total_timesteps`
+    """`python train.py <the run's own overrides> resume=<resume, or the run dir> hydra.run.dir=<run dir>`:
+    the run continued in place (without `hydra.run.dir` a resume writes a new run dir); `total_timesteps`
     replaces the run's own target."""
     dropped = {"resume"} | ({"total_timesteps"} if total_timesteps is not None else set())
     kept = [o for o in recorded_overrides(run_dir) if override_key(o) not in dropped]
     if total_timesteps is not None:
         kept.append(f"total_timesteps={total_timesteps}")
-    return " ".join(["python train.py", *map(shlex.quote, kept), shlex.quote(f"resume={resume or run_dir}")])
+    return " ".join(["python train.py", *map(shlex.quote, kept), shlex.quote(f"resume={resume or run_dir}"),
+                     shlex.quote(f"hydra.run.dir={os.path.abspath(run_dir)}")])
 
 
 def resumed_changes(settings: TrainSettings, saved: dict, given: frozenset[str]) -> list[tuple]:

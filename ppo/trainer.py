@@ -23,6 +23,7 @@ from ppo import distributed
 from ppo import run_dir as run_records
 from ppo.agent import make_agent
 from ppo.checkpoint import (
+    NonFiniteState,
     check_observation_layout,
     load_checkpoint,
     resolve_checkpoint,
@@ -125,7 +126,11 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
 
     def save() -> Path:
         nonlocal last_checkpoint
-        last_checkpoint = save_checkpoint(run_dir, state())
+        try:
+            last_checkpoint = save_checkpoint(run_dir, state())
+        except NonFiniteState as error:
+            raise TrainingFailed(f"the model became non-finite by iteration {iteration} (step {global_step:,}): "
+                                 f"{error}, so it was not saved; the run stopped there, and {kept()}") from error
         return last_checkpoint
 
     def kept() -> str:
@@ -252,6 +257,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         if logger.mirror is not None:
             logger.mirror.finish(failed)
         logger.close()
+        stop.close()  # a signal from here on ends the process where it stands (a sweep: before its next job)
     distributed.stop()
     return mean_of_last_episodes(recent)
 

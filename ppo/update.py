@@ -9,6 +9,7 @@ compiled loss on a CPU, the plain loop runs each step as one compiled function (
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sysconfig
@@ -23,6 +24,11 @@ from ppo.agent import Agent
 from ppo.compiled_step import CompiledStep, pairs_or_one, vector_width_option
 from ppo.config import PPOSettings
 from ppo.fused_update import FusedStep, fuses
+
+# torch's CUDA build, on a machine without a CUDA runtime, warns from its C++ extension loader ("No CUDA
+# runtime is found, using CUDA_HOME=...") when torch.compile first builds CPU code: a run's first lines
+# are its own, and the CPU build it falls back to needs no CUDA.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "old_approx_kl")
 

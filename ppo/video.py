@@ -8,9 +8,11 @@ rendered is skipped, not queued.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import queue
+import signal
 import subprocess
 import sys
 import traceback
@@ -194,6 +196,23 @@ def _record_loop(jobs, results, run_dir: str, gl: str) -> None:
         writer.close()
 
 
+@contextlib.contextmanager
+def _deaf_children():
+    """Processes started inside never hear SIGINT, SIGHUP or SIGUSR1 (a Ctrl-C, a closed terminal or SLURM's
+    warning, sent to the whole process group): training hears them and ends the recorder itself, which
+    would otherwise die in a KeyboardInterrupt traceback. SIGINT is ignored (a new interpreter keeps an
+    ignored SIGINT, and unblocks a blocked one), the others blocked; both are inherited through exec.
+    The parent's own signals wait, blocked, until the child has started."""
+    deaf = {getattr(signal, name) for name in ("SIGINT", "SIGHUP", "SIGUSR1") if hasattr(signal, name)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, deaf)
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 class VideoRecorder:
     """Records an evaluation episode (the policy's mean action, frozen normalisers) when `submit` is called,
     in a spawned process at nice 19; `poll` returns what finished since: `(step, path, return, frames)`
@@ -212,7 +231,8 @@ class VideoRecorder:
         self._jobs, self._results = context.Queue(maxsize=1), context.Queue()
         self._process = context.Process(target=_record_loop, args=(self._jobs, self._results, run_dir, gl),
                                         daemon=True, name="video-recorder")
-        self._process.start()
+        with _deaf_children():
+            self._process.start()
         self._busy = 0  # jobs handed over and not yet reported
         self.stopped = False
 
@@ -246,7 +266,9 @@ class VideoRecorder:
             else:
                 self.stopped, error = True, what
         if not self.stopped and not self._process.is_alive():
-            self.stopped, error = True, f"the video recorder ended (exit code {self._process.exitcode})"
+            self.stopped = True
+            if self._process.exitcode >= 0:  # else a signal from outside (SIGTERM to the job's processes), said there
+                error = f"the video recorder ended (exit code {self._process.exitcode})"
         return videos, error
 
     def close(self, wait_s: float) -> tuple[list[tuple], str | None]:

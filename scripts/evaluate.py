@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 import ppo.policy
-from ppo.checkpoint import CheckpointError
+from ppo.checkpoint import CheckpointError, resolve_checkpoint
 from ppo.config import ConfigError, check_seed, resolve_device
 from ppo.envs import VecEnv, make_envs
+from ppo.run_dir import check_tool_output
 from ppo.video import VideoError
 
 
@@ -76,15 +77,17 @@ def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str
     from ppo.checkpoint import resolve_checkpoint, run_dir_of
     from ppo.video import render_episode, use_headless_gl, write_frame_strip, write_mp4
 
-    use_headless_gl()
     path = resolve_checkpoint(checkpoint_path)
+    directory = Path(directory) if directory else run_dir_of(path) / "videos"
+    videos = [directory / f"eval_seed{seed}_{episode}.mp4" for episode in range(episodes)]
+    for video in videos:  # before anything renders
+        check_tool_output(video, path, "--video")
+    use_headless_gl()
     policy = ppo.policy.load_policy(checkpoint_path, "cpu", "gymnasium", "--backend ")
-    run_dir = run_dir_of(path)
-    directory = Path(directory) if directory else run_dir / "videos"
     returns = []
-    for episode in range(episodes):
+    for episode, video in enumerate(videos):
         frames, episodic_return, fps = render_episode(policy, seed + episode, width, height, max_steps=10**9)
-        video = write_mp4(frames, directory / f"eval_seed{seed}_{episode}.mp4", fps)
+        video = write_mp4(frames, video, fps)
         print(f"{video}: {len(frames) - 1} steps, return {episodic_return:.2f}", flush=True)
         if strip and episode == 0:
             print(f"{write_frame_strip(frames, strip, fps)}: 5 frames of episode 0's first 8 seconds", flush=True)
@@ -135,11 +138,18 @@ def main() -> None:
         assert width > 0 and height > 0
     except (ValueError, AssertionError):
         parser.error(f"--size must be WIDTHxHEIGHT, e.g. 320x240; got {args.size!r}")
+    if args.frame_strip and Path(args.frame_strip).suffix.lower() != ".png":
+        parser.error(f"--frame-strip writes a PNG picture: give a file name ending in .png, got {args.frame_strip!r}")
     try:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        for option, output in (("--json", args.json), ("--frame-strip", args.frame_strip)):
+            if output:  # before the episodes run
+                check_tool_output(output, checkpoint, option)
         if args.video is not None:
             if args.backend in ("envpool", "mjwarp") or args.num_envs is not None:
-                parser.error(f"--video runs its episodes on gymnasium's env, one by one: leave out --backend "
-                             f"{args.backend or 'envpool'} and --num-envs")
+                parser.error("--video runs its episodes on gymnasium's env, one by one: leave out --backend "
+                             f"{args.backend} and --num-envs" if args.backend else
+                             "--video runs its episodes on gymnasium's env, one by one: leave out --num-envs")
             returns = record_videos(args.checkpoint, args.episodes, args.seed, args.video or None, width, height,
                                     args.frame_strip)
         else:
@@ -152,12 +162,17 @@ def main() -> None:
         sys.exit(f"error: {args.checkpoint}: {error}")
     except (ConfigError, CheckpointError, VideoError) as error:  # e.g. a backend without the run's task
         sys.exit(f"error: {error}")
+    except OSError as error:  # a full disk or a read-only dir under a video or a frame strip
+        sys.exit(f"error: cannot write {error.filename or 'a video'}: {error.strerror or error}")
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std(unbiased=False):.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
     if args.json:
-        record = {"checkpoint": args.checkpoint, "backend": "gymnasium" if args.video is not None else args.backend,
+        record = {"checkpoint": str(checkpoint), "backend": "gymnasium" if args.video is not None else args.backend,
                   "seed": args.seed, "returns": returns.tolist()}
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        except OSError as error:
+            sys.exit(f"error: cannot write {args.json}: {error.strerror or error}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import ppo.policy
 from ppo.checkpoint import CheckpointError, resolve_checkpoint, run_dir_of
 from ppo.config import ConfigError
 from ppo.export import FORMATS, describe, export
+from ppo.run_dir import check_tool_output
 
 
 def main() -> None:
@@ -37,6 +38,10 @@ def main() -> None:
     except (ConfigError, CheckpointError) as error:
         sys.exit(f"error: {error}")
     output = Path(args.output) if args.output else run_dir_of(checkpoint) / f"policy{FORMATS[args.format]}"
+    try:
+        check_tool_output(output, checkpoint)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     if args.format == "onnx":
         try:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)

@@ -3,8 +3,9 @@
     python scripts/plot_time_to_score.py runs/Ant-v5/seed1_* runs/Humanoid-v5/seed1_* --out curves.png
     python scripts/plot_time_to_score.py RUN ... --score 5000      # and when each run first reached 5000
 
-Wall-clock counts from the run's first line in train.log (whose timestamps are to the second), so it
-includes the first iteration's compiles and warm-up but not the Python imports before it. Each run is
+Wall-clock counts from the command's start (run_info.json's `started`, to the second), so it includes the
+imports, the first iteration's compiles and warm-up; for runs from before that was recorded, from the
+run's first line in train.log. Each run is
 labelled with its task, backend and env count (its checkpoint's settings) and its GPU (run_info.json).
 Prints a line per run: the last return logged, and with --score the first step and second at which the
 return reached it.
@@ -19,6 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+from ppo.config import ConfigError
+from ppo.run_dir import check_tool_output
+
 
 def curve(run_dir: Path) -> tuple[str, list[tuple[int, float, float]]]:
     """(label, [(step, seconds since the run's first line, mean return)]) of a run dir."""
@@ -28,8 +32,10 @@ def curve(run_dir: Path) -> tuple[str, list[tuple[int, float, float]]]:
     info = json.loads((run_dir / "run_info.json").read_text())
     env = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["settings"]["env"]
     label = f"{env['id']} ({env['backend']}, {env['num_envs']} envs; {info.get('gpu') or 'CPU'}), {run_dir.name}"
-    first_line = (run_dir / "train.log").read_text().splitlines()[0]
-    start = datetime.datetime.strptime(first_line[1:20], "%Y-%m-%d %H:%M:%S").timestamp()
+    start = info.get("started")  # the command's start (ppo.run_dir.write_run_info)
+    if start is None:  # a run from before it was recorded: its first line in train.log
+        first_line = (run_dir / "train.log").read_text().splitlines()[0]
+        start = datetime.datetime.strptime(first_line[1:20], "%Y-%m-%d %H:%M:%S").timestamp()
     files = [f for f in glob.glob(str(run_dir / "events.out.tfevents.*")) if f[-1].isdigit()]
     events = EventAccumulator(files[0], size_guidance={"scalars": 0})
     events.Reload()
@@ -42,6 +48,11 @@ def main() -> None:
     parser.add_argument("--out", help="the PNG to write (two panels: against seconds, against steps)")
     parser.add_argument("--score", type=float, help="say when each run's return first reached this")
     args = parser.parse_args()
+    if args.out:
+        try:
+            check_tool_output(args.out)
+        except ConfigError as error:
+            sys.exit(f"error: {error}")
     curves = []
     for run in args.runs:
         try:
@@ -67,7 +78,7 @@ def main() -> None:
             steps, seconds, values = zip(*points, strict=True)
             by_time.plot(seconds, values, label=label)
             by_step.plot(steps, values, label=label)
-        by_time.set_xlabel("seconds since the run's first line (compile included)")
+        by_time.set_xlabel("seconds since the command started (compiles included)")
         by_step.set_xlabel("environment steps")
         for axes in (by_time, by_step):
             axes.set_ylabel("mean episodic return (training)")

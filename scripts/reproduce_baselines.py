@@ -29,7 +29,6 @@ Jobs run one after another (Hydra's basic launcher); each has its own run dir un
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys

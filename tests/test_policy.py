@@ -86,7 +86,7 @@ def test_a_checkpoint_whose_observations_were_laid_out_otherwise_is_refused(hopp
     with pytest.raises(ConfigError, match=f"^{re.escape(f'{moved}: {said}')}$"):
         load_policy(str(moved))
     resumed = run_train(*HOPPER, "total_timesteps=4096", f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}")
-    assert resumed.returncode == 1 and resumed.stderr == f"error: resume={moved}: {said}\n"
+    assert resumed.returncode == 2 and resumed.stderr == f"error: resume={moved}: {said}\n"
     # A checkpoint written before layouts were recorded loads as it did.
     older = tmp_path / "older.pt"
     torch.save({key: value for key, value in state.items() if key != "observation_layout"}, older)

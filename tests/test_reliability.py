@@ -1,6 +1,7 @@
 """Failures end in one line that names the cause, lose nothing, and leave no stray file behind."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def test_a_part_that_torch_refuses_to_restore_is_named_in_one_line(finished_run,
     checkpoint["generator"] = checkpoint["generator"][:8]  # a truncated generator state: its form passes
     path = save_checkpoint(tmp_path / "damaged", checkpoint)
     result = train("total_timesteps=2048", f"resume={path}", f"hydra.run.dir={tmp_path / 'resumed'}")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.startswith("error: resume: the checkpoint's `generator` does not restore (")
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "resumed").exists()
@@ -217,3 +218,92 @@ def test_the_fault_injection_script_loses_no_checkpoint_over_a_few_kills(tmp_pat
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert summary.startswith("kills: 2 (") and "lost checkpoints: 0, resumes that continued: 1 of 1" in summary
     assert "last resume finished: yes" in summary
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`small_disk(size)`: a dir on a tmpfs of `size` (e.g. "100k"), as a nearly full disk; skips where this
+    process may not mount one."""
+    mounts = []
+
+    def mount(size: str):
+        disk = tmp_path / f"disk{len(mounts)}"
+        disk.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
+                              text=True)
+        if made.returncode != 0:
+            pytest.skip(f"needs to mount a small tmpfs as a full disk (root on Linux): {made.stderr.strip()}")
+        mounts.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounts:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_disk_that_the_first_checkpoint_fills_ends_the_run_in_one_line(small_disk):
+    run_dir = small_disk("100k") / "run"
+    result = train("total_timesteps=2048", "checkpoint.every=1", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0] == (f"error: No space left on device (writing {run_dir / 'checkpoints' / 'last.tmp'}) at step 256; "
+                        "the run stopped there, and no checkpoint was written yet (checkpoint.every=1 iterations)")
+    assert lines[0] in (run_dir / "train.log").read_text()  # the temporary file gone, the log had room again
+    assert not os.path.lexists(run_dir / "checkpoints" / "last.tmp")
+
+
+def test_a_disk_too_full_for_hydras_record_refuses_the_run_in_one_line_and_leaves_no_dir(small_disk):
+    disk = small_disk("8k")
+    result = train("total_timesteps=2048", f"hydra.run.dir={disk / 'run'}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    # Which of Hydra's three records finds the disk full depends on their sizes (the paths they hold).
+    assert re.fullmatch(rf"error: cannot write the run's record {re.escape(str(disk / 'run' / '.hydra'))}/"
+                        rf"(config|hydra|overrides)\.yaml: No space left on device; its new run dir was removed "
+                        rf"\({re.escape(str(disk / 'run'))}\)", result.stderr.strip()), result.stderr
+    assert not (disk / "run").exists()
+
+
+def test_exports_and_evaluation_records_on_a_full_disk_fail_in_one_line(finished_run, small_disk):
+    disk = small_disk("4k")
+    (disk / "filler").write_bytes(b"x" * 4096)  # the disk is full
+    for command, output in ((["scripts/export.py", str(finished_run), "--format", "torchscript", "--output"],
+                             disk / "policy.pt"),
+                            (["scripts/export.py", str(finished_run), "--format", "onnx", "--output"],
+                             disk / "policy.onnx"),
+                            (["scripts/evaluate.py", str(finished_run), "--episodes", "1", "--json"], disk / "e.json")):
+        result = subprocess.run([sys.executable, *command, str(output)], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1] == f"error: cannot write {output}: No space left on device"
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_run_dir_whose_checkpoints_path_is_a_file_is_refused_before_training(tmp_path):
+    (tmp_path / "checkpoints").write_text("not a dir")
+    result = train("total_timesteps=2048", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.strip() == (f"error: run dir {tmp_path} cannot be made or written: {tmp_path / 'checkpoints'} "
+                                     "is not a dir, where its checkpoints go (hydra.run.dir)")
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_an_empty_run_or_sweep_dir_is_refused_in_one_line(tmp_path, key):
+    sweep = ["-m", "seed=1,2"] if key == "hydra.sweep.dir" else []
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *sweep, *TINY, f"{key}="], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2, result.stderr
+    what = "sweep" if sweep else "run"
+    assert result.stderr.strip() == f"error: {key} is empty: give the {what} a dir of its own (or leave it to the default)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchs_cpp_extension_notice_is_not_a_runs_first_line():
+    # torch's CUDA build on a machine without CUDA: "No CUDA runtime is found, using CUDA_HOME=..." from this
+    # logger when torch.compile first builds CPU code, above the run's own lines.
+    import logging
+
+    import ppo.update  # noqa: F401
+
+    assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR

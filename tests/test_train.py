@@ -157,7 +157,7 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     # The run's overrides forgotten: an error naming the settings, and the command that continues it.
     forgot = run_train(*common[:-2], "total_timesteps=1024", f"resume={tmp_path / 'a'}",
                        f"hydra.run.dir={tmp_path / 'forgot'}")
-    assert forgot.returncode == 1 and "Traceback" not in forgot.stderr
+    assert forgot.returncode == 2 and "Traceback" not in forgot.stderr
     assert forgot.stderr.startswith(f"error: resume={tmp_path / 'a'}: its run trained with other settings: "
                                     "model.shared_trunk true (here false), ppo.normalize_values true (here false). "
                                     "Continue it with its own overrides: python train.py ")
@@ -166,7 +166,7 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     assert suggested[:2] == ["python", "train.py"] and "total_timesteps=1024" in suggested
     # A task changed on purpose whose model cannot take the checkpoint's weights: one line naming a tensor.
     other_task = run_train(*suggested[2:], "env.id=Hopper-v4", f"hydra.run.dir={tmp_path / 'other_task'}")
-    assert other_task.returncode == 1 and len(other_task.stderr.strip().splitlines()) == 1
+    assert other_task.returncode == 2 and len(other_task.stderr.strip().splitlines()) == 1
     assert other_task.stderr.startswith("error: resume: the checkpoint's model does not fit this env/model config "
                                         "(size mismatch for ")
     # That command, and a learning rate changed on purpose: it continues the run and says so.
@@ -189,7 +189,7 @@ def test_resume_continues_the_step_count_and_state(tmp_path):
     # A resume whose total the checkpoint already reaches would train nothing: one line, no new run.
     again = run_train(*common, "total_timesteps=1000", "ppo.learning_rate=0.001", f"resume={tmp_path / 'b'}",
                       f"hydra.run.dir={tmp_path / 'c'}")
-    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.strip() == (f"error: resume={tmp_path / 'b'}: its checkpoint is at step 1,024, which "
                                     "already reaches `total_timesteps` (1,000); set it higher to train on")
     assert not list((tmp_path / "c").glob("events.out.tfevents.*"))
@@ -350,7 +350,7 @@ def test_a_task_that_is_not_continuous_control_is_refused_in_one_line(tmp_path):
     from ppo.envs import check_spaces
 
     result = run_train("env.id=CartPole-v1", "env.backend=gymnasium", "device=cpu", timeout=120, cwd=tmp_path)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "error: CartPole-v1 acts in Discrete(2): PPO here trains continuous control, which needs a 1-D Box of "
         "actions (a MuJoCo task such as Ant-v4)")
@@ -536,7 +536,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert len(run_dirs) == 1
     # The stop line gives the command that continues the run: its own overrides, then resume=.
     go_on = shlex.split(out.split("to go on: ")[1].splitlines()[0])
-    assert go_on[:2] == ["python", "train.py"] and go_on[-1] == f"resume={run_dirs[0]}"
+    assert go_on[:2] == ["python", "train.py"] and go_on[-2:] == [f"resume={run_dirs[0]}",
+                                                                   f"hydra.run.dir={run_dirs[0]}"]
     assert "env=InvertedPendulum-v4" in go_on and ("seed=1" in go_on) == sweep
     assert not any(arg.startswith("hydra.") for arg in go_on)
     checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=True)
@@ -567,7 +568,7 @@ def test_a_refused_run_leaves_the_other_runs_dir_alone_even_while_it_is_new(tmp_
         result = run_train("env=InvertedPendulum-v4", "device=cpu", f"hydra.run.dir={tmp_path}", timeout=120)
     finally:
         os.close(fd)
-    assert result.returncode == 1 and result.stderr.startswith(f"error: run dir {tmp_path} is in use"), result.stderr
+    assert result.returncode == 2 and result.stderr.startswith(f"error: run dir {tmp_path} is in use"), result.stderr
     assert [p.name for p in tmp_path.rglob("*")] == [".hydra", "overrides.yaml"]
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- env=Hopper-v4\n"
 
@@ -616,7 +617,7 @@ def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):
     second = run_train(*common, "total_timesteps=1024", timeout=120)
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=120)
-    assert second.returncode == 1, second.stderr
+    assert second.returncode == 2, second.stderr
     assert second.stderr.strip() == (
         f"error: run dir {tmp_path} is in use by a run still training there (runs of one env and seed started in "
         f"the same second get the same dir); give this one its own: hydra.run.dir={tmp_path}_2")
