@@ -43,7 +43,7 @@ from ppo.signals import (  # noqa: E402
     interrupt_on_signals,
     stopped_during_start_up,
 )
-from ppo.trainer import TrainingFailed, train  # noqa: E402
+from ppo.trainer import TrainingFailed, describe_os_error, train  # noqa: E402
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="train")
@@ -63,6 +63,10 @@ def main(cfg: DictConfig) -> float:
         refuse(f"error: {error}", EXIT_REFUSED)
     except TrainingFailed:  # train() has said why, in the run's train.log too
         sys.exit(EXIT_FAILED)
+    except OSError as error:  # before the loop (whose failures are TrainingFailed): the run dir's first records
+        removed = run_records.discard_if_new(run_dir)
+        refuse(f"error: cannot write the run's first records: {describe_os_error(error)}; nothing was trained"
+               + (f", and its new run dir was removed ({run_dir})" if removed else ""), EXIT_REFUSED)
     if StopOnSignal.received:  # in a sweep, a signal ends the sweep, not just this job
         never = jobs_never_run(current_ran=True)
         if never:

@@ -295,7 +295,8 @@ def test_an_empty_run_or_sweep_dir_is_refused_in_one_line(tmp_path, key):
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 2, result.stderr
     what = "sweep" if sweep else "run"
-    assert result.stderr.strip() == f"error: {key} is empty: give the {what} a dir of its own (or leave it to the default)"
+    assert result.stderr.strip() == (f"error: {key} is empty: give the {what} a dir of its own (or leave it to the "
+                                     "default)")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -307,3 +308,14 @@ def test_torchs_cpp_extension_notice_is_not_a_runs_first_line():
     import ppo.update  # noqa: F401
 
     assert logging.getLogger("torch.utils.cpp_extension").getEffectiveLevel() >= logging.ERROR
+
+
+def test_the_fault_injection_scripts_full_disks_lose_no_checkpoint_and_end_in_one_line(small_disk):
+    small_disk("4k")  # skips where no tmpfs can be mounted, as the script's mode would
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_injection.py"), "--full-disk", "3",
+                             "--seed", "5"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert summary.startswith("full disks: 3 (3 ended in one line), lost checkpoints: 0, resumes that continued: "
+                              "2 of 2")
+    assert "last resume finished: yes" in summary

@@ -41,7 +41,8 @@ def test_no_tool_writes_over_the_files_of_the_run_it_reads(finished_run, tmp_pat
     checkpoint = finished_run / "checkpoints" / "last.pt"
     attempts = [
         ("scripts/export.py", str(finished_run), "--format", "torchscript", "--output", str(checkpoint)),
-        ("scripts/export.py", str(finished_run), "--format", "torchscript", "--output", str(finished_run / "train.log")),
+        ("scripts/export.py", str(finished_run), "--format", "torchscript", "--output",
+         str(finished_run / "train.log")),
         ("scripts/export.py", str(finished_run), "--format", "torchscript", "--output", str(finished_run)),
         ("scripts/export.py", str(checkpoint), "--format", "onnx", "--output", str(finished_run / "run_info.json")),
         ("scripts/evaluate.py", str(finished_run), "--episodes", "1", "--json",
