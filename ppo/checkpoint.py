@@ -33,13 +33,15 @@ class NonFiniteState(ValueError):
 
 def training_state(settings, iteration: int, global_step: int, agent: torch.nn.Module,
                    optimizer: torch.optim.Optimizer, normalizers: dict[str, Any], generator: torch.Generator,
-                   observation_layout: list[list]) -> dict[str, Any]:
+                   observation_layout: list[list], recent_episodes: list[tuple[float, float]] = ()) -> dict[str, Any]:
     """Everything a resume needs to continue the run exactly (`KEYS`): its settings and position, the
     model, the optimiser, the normalisers (by checkpoint key), the minibatch generator and every global
-    RNG stream. Only tensors, numbers, strings and containers of them, so a weights-only load reads it."""
+    RNG stream; and `recent_episodes`, the `(episodes, mean return)` of the iterations behind the run's
+    score (CleanRL's last 100 episodes), so a resumed run's score counts the episodes before the resume.
+    Only tensors, numbers, strings and containers of them, so a weights-only load reads it."""
     return {
         "settings": dataclasses.asdict(settings), "iteration": iteration, "global_step": global_step,
-        "observation_layout": observation_layout,
+        "observation_layout": observation_layout, "recent_episodes": [list(pair) for pair in recent_episodes],
         "agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
         **{name: normalizer.state_dict() for name, normalizer in normalizers.items()},
         "generator": generator.get_state(), "torch_rng": torch.get_rng_state(),

@@ -74,10 +74,14 @@ class Collector:
     """
 
     def __init__(self, envs: VecEnv, agent: Agent, obs_normalizer: ObservationNormalizer,
-                 reward_scaler: RewardScaler, device: torch.device, seed: int, graphs: bool = False):
+                 reward_scaler: RewardScaler, device: torch.device, seed: int, graphs: bool = False,
+                 resumed: bool = False):
         self.envs, self.agent, self.device = envs, agent, device
         self.obs_normalizer, self.reward_scaler = obs_normalizer, reward_scaler
-        self.next_obs = obs_normalizer(envs.reset(seed)).clone()
+        # A resumed run's restored statistics already hold the observations its last step returned; the
+        # episodes that restart here are normalised with them, not folded in, as an uninterrupted run does
+        # (so on a task whose episodes restart at that step, a resume is that run bit for bit).
+        self.next_obs = obs_normalizer(envs.reset(seed), fold_in=not resumed).clone()
         self.next_is_dummy = torch.zeros(envs.num_envs, dtype=torch.bool, device=device)
         self.episodes = EpisodeStats(envs.num_envs, device)
         self.env_seconds = self.inference_seconds = 0.0

@@ -154,6 +154,17 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
+def last_iterations(per_iteration: list[tuple[float, float]], episodes_wanted: int = 100) -> list[tuple[float, float]]:
+    """The `(episodes, mean return)` pairs `mean_of_last_episodes` reads: whole iterations from the end,
+    as few as hold `episodes_wanted` episodes (all of them where fewer do)."""
+    count = 0.0
+    for first in range(len(per_iteration) - 1, -1, -1):
+        count += per_iteration[first][0]
+        if count >= episodes_wanted:
+            return per_iteration[first:]
+    return list(per_iteration)
+
+
 def mean_of_last_episodes(per_iteration: list[tuple[float, float]], episodes_wanted: int = 100) -> float:
     """Mean return over (about) the last `episodes_wanted` episodes, from `(episodes, mean return)`
     pairs of successive iterations, taking whole iterations from the end (CleanRL's metric is the

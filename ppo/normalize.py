@@ -62,11 +62,12 @@ class ObservationNormalizer:
         self.rms = RunningMeanStd((obs_dim,), device)
         self.clip, self.enabled, self.frozen = clip, enabled, False
 
-    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
-        """Normalise `[N, obs_dim]` observations, first folding them into the statistics unless frozen."""
+    def __call__(self, obs: torch.Tensor, fold_in: bool = True) -> torch.Tensor:
+        """Normalise `[N, obs_dim]` observations, first folding them into the statistics unless frozen (or
+        not `fold_in`)."""
         if not self.enabled:
             return obs
-        if not self.frozen:
+        if fold_in and not self.frozen:
             self.rms.update(obs)
         normalized = (obs - self.rms.mean.float()) / torch.sqrt(self.rms.var.float() + 1e-8)
         return normalized.clamp(-self.clip, self.clip)

@@ -219,6 +219,7 @@ def write_run_info(run_dir: str, settings: TrainSettings, device: torch.device, 
             "cpus": os.cpu_count(), "cpu": cpu, "torch": torch.__version__,
             "simulator": simulator_version(settings.env.backend), "env_groups": env_groups(settings.env, device),
             "hardware": hardware if workers == 1 else f"{workers} workers x ({hardware})", "started": round(started, 2),
+            "pid": os.getpid(),
             **(resumed or {})}
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / RUN_INFO).write_text(json.dumps(info, indent=1))

@@ -35,7 +35,7 @@ from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, flat_settings
 from ppo.envs import make_envs
 from ppo.fused_update import auto_fallback_note, fuses
-from ppo.logger import RunLogger, final_step, mean_of_last_episodes
+from ppo.logger import RunLogger, final_step, last_iterations, mean_of_last_episodes
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
 from ppo.signals import Interrupted, StopOnSignal
 from ppo.tracking import WandbMirror
@@ -114,7 +114,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         torch.manual_seed(env_seed)
         generator.manual_seed(env_seed)
     buffer = RolloutBuffer(ppo.num_steps, envs.num_envs, envs.obs_dim, envs.act_dim, device)
-    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed, graphs)
+    collector = Collector(envs, agent, obs_normalizer, reward_scaler, device, env_seed, graphs,
+                          resumed=checkpoint is not None)
     steps_per_iteration = settings.batch_size * workers.world_size
     last_step = final_step(global_step, settings.total_timesteps, steps_per_iteration)
     logger = RunLogger(run_dir, last_step, global_step, settings.log_every_s, enabled=workers.is_main)
@@ -122,7 +123,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
 
     def state() -> dict:
         return training_state(settings, iteration, global_step, agent, optimizer, normalizers, generator,
-                              envs.obs_layout)
+                              envs.obs_layout, last_iterations(recent))
 
     def save() -> Path:
         nonlocal last_checkpoint
@@ -167,7 +168,9 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
         if error:
             logger.say(f"video.every: {error}; training goes on without videos", sys.stderr)
 
-    recent: list[tuple[float, float]] = []  # (episodes, mean return) per iteration
+    # (episodes, mean return) per iteration that finished any; a resume continues its run's
+    recent: list[tuple[float, float]] = [tuple(pair) for pair in checkpoint.get("recent_episodes", [])] \
+        if checkpoint else []
     failed = True
     stop = StopOnSignal()  # from here a signal stops the run at the end of an iteration, with a checkpoint
     try:

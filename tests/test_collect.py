@@ -15,7 +15,7 @@ from ppo.config import ConfigError, EnvSettings
 from ppo.envs import EnvpoolEnvs, _known_ids, make_envs
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.conftest import filled_buffer
-from tests.toy_env import TOY_ID, register_toy_envs
+from tests.toy_env import STAGGER_ID, TOY_ID, register_toy_envs, stagger_episodes
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -149,6 +149,28 @@ def test_episodes_continue_across_windows():
     valid = first.valid[:, 0].tolist() + second.valid[:, 0].tolist()
     assert observations == OBSERVATIONS and valid == VALID
     assert first.bootstrap_values[-1, 0].item() == 10.0 + 1  # V(obs 1 of episode 1), carried on next window
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_episode_returns_and_lengths_are_the_raw_rewards_of_each_finished_episode(groups):
+    # Staggered episodes (terminated and truncated, several envs ending on one step, some none in a
+    # window) over three windows, with the reward scaler and observation normaliser on: each window's
+    # count, return sum and length sum are those of the episodes that ended in it, from the env's rules.
+    register_toy_envs()
+    device, num_envs, num_steps = torch.device("cpu"), 6, 5
+    envs = make_envs(EnvSettings(id=STAGGER_ID, num_envs=num_envs, backend="gymnasium", groups=groups), device,
+                     seed=0)
+    collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device), RewardScaler(num_envs, GAMMA, device),
+                          device, seed=0)
+    buffer = RolloutBuffer(num_steps, num_envs, 1, 1, device)
+    known = stagger_episodes(num_envs, 3 * num_steps)
+    for window in range(3):
+        collector.collect(buffer)
+        ended = [(r, length) for end, _, r, length in known if window * num_steps <= end < (window + 1) * num_steps]
+        count, return_sum, length_sum = collector.episodes.pop().tolist()
+        assert (count, return_sum, length_sum) == (len(ended), sum(r for r, _ in ended), sum(n for _, n in ended))
+    assert collector.episodes.pop().tolist() == [0, 0, 0]  # popped: nothing twice
+    envs.close()
 
 
 def _envpool_has(env_id: str) -> bool:

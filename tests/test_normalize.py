@@ -78,3 +78,70 @@ def test_value_normalizer_tracks_the_valid_returns_and_round_trips():
     off = ValueNormalizer(torch.device("cpu"), enabled=False)
     off.update(returns, valid)
     assert off.normalize(x) is x and off.denormalize(x) is x and off.mean.item() == 0 and off.std.item() == 1
+
+
+class NumpyRunningStats:
+    """The running statistics the normalisers keep, written plainly for the tests: every value seen, with the
+    prior (mean 0, variance 1, weight 1e-4) the normalisers start from."""
+
+    def __init__(self, width: int):
+        self.seen = np.zeros((0, width))
+
+    def add(self, batch: np.ndarray) -> None:
+        self.seen = np.concatenate([self.seen, batch.reshape(len(batch), -1)])
+
+    def mean_var(self) -> tuple[np.ndarray, np.ndarray]:
+        prior, n = 1e-4, len(self.seen)
+        mean = self.seen.sum(0) / (prior + n)
+        var = (prior * (1 + mean**2) + ((self.seen - mean) ** 2).sum(0)) / (prior + n)
+        return mean, var
+
+
+def test_the_observation_normalizers_outputs_match_a_numpy_reference():
+    # Each batch is folded in, then normalised by the running mean and std (not the variance) and clipped.
+    rng = np.random.default_rng(3)
+    normalizer = ObservationNormalizer(3, torch.device("cpu"), clip=2.5)
+    reference = NumpyRunningStats(3)
+    for size in (1, 7, 32, 5):
+        batch = rng.normal([1.0, -4.0, 0.0], [0.5, 3.0, 20.0], (size, 3)).astype(np.float32)
+        if size == 7:
+            batch[0] = [50.0, -50.0, 500.0]  # far outside: clipped
+        out = normalizer(torch.from_numpy(batch)).numpy()
+        reference.add(batch.astype(np.float64))
+        mean, var = reference.mean_var()
+        expected = np.clip((batch - mean) / np.sqrt(var + 1e-8), -2.5, 2.5)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(out).max() <= 2.5
+    normalizer.frozen = True  # evaluation: the same map, statistics kept
+    probe = rng.normal(size=(4, 3)).astype(np.float32)
+    np.testing.assert_allclose(normalizer(torch.from_numpy(probe)).numpy(),
+                               np.clip((probe - mean) / np.sqrt(var + 1e-8), -2.5, 2.5), rtol=1e-5, atol=1e-5)
+
+
+def test_the_reward_scalers_outputs_match_a_numpy_reference():
+    # Per env, the discounted return G = gamma G + r is folded into the running statistics every step (all
+    # envs' at once) and restarts after an episode's end; rewards are divided by the std of G and clipped.
+    rng = np.random.default_rng(4)
+    num_envs, gamma, clip = 3, 0.9, 4.0
+    scaler = RewardScaler(num_envs, gamma, torch.device("cpu"), clip=clip)
+    reference, returns = NumpyRunningStats(1), np.zeros(num_envs)
+    for step in range(40):
+        rewards = rng.normal(2.0, 3.0, num_envs).astype(np.float32)
+        if step == 17:
+            rewards[1] = 400.0  # clipped
+        dones = rng.random(num_envs) < 0.2
+        out = scaler(torch.from_numpy(rewards), torch.from_numpy(dones)).numpy()
+        returns = gamma * returns + rewards
+        reference.add(returns[:, None])
+        _, var = reference.mean_var()
+        np.testing.assert_allclose(out, np.clip(rewards / np.sqrt(var + 1e-8), -clip, clip), rtol=1e-5, atol=1e-6)
+        returns[dones] = 0.0
+        np.testing.assert_allclose(scaler.discounted_return.numpy(), returns, rtol=1e-9)
+    assert abs(out).max() <= clip
+
+
+def test_disabled_normalizers_hand_back_their_inputs_untouched():
+    obs, rewards = torch.randn(4, 2) * 100, torch.randn(3) * 100
+    assert ObservationNormalizer(2, torch.device("cpu"), enabled=False)(obs) is obs
+    assert RewardScaler(3, 0.99, torch.device("cpu"), enabled=False)(rewards, torch.zeros(3, dtype=torch.bool)) \
+        is rewards

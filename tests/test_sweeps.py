@@ -75,6 +75,19 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert "Joblib" in result.stdout + result.stderr
     assert len(list(tmp_path.glob("*/checkpoints/last.pt"))) == 2
     assert f"sweep finished: 2 runs in {tmp_path}; " in result.stdout  # from the launching process
+    # Two processes of their own, whose runs overlapped in time (train.log's first and last stamps).
+    import datetime
+    import json
+
+    jobs = sorted(tmp_path.glob("*/run_info.json"))
+    assert len({json.loads(info.read_text())["pid"] for info in jobs}) == 2
+
+    def span(run_dir):
+        stamps = [line[1:20] for line in (run_dir / "train.log").read_text().splitlines()]
+        return [datetime.datetime.strptime(stamps[i], "%Y-%m-%d %H:%M:%S") for i in (0, -1)]
+
+    (start_a, end_a), (start_b, end_b) = (span(info.parent) for info in jobs)
+    assert start_a <= end_b and start_b <= end_a
 
 
 @pytest.mark.parametrize("grid", ["command", "config"])

@@ -27,7 +27,7 @@ from ppo.checkpoint import (
 from ppo.config import setting_keys, settings_from_dict
 from ppo.logger import RunLogger, final_step
 from tests.conftest import ROOT, compose_config
-from tests.toy_env import TOY_ID, TOY_NAN_ID, register_toy_envs
+from tests.toy_env import STAGGER_ID, TOY_ID, TOY_NAN_ID, register_toy_envs, stagger_episodes
 
 
 def run_train(*overrides: str, timeout: int = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -67,6 +67,43 @@ def test_smoke_run_writes_events_and_a_checkpoint(tmp_path, backend):
     assert rows[:2] == ["|param|value|", "|-|-|"]
     assert {"|env.id|Hopper-v4|", "|ppo.num_steps|64|", "|total_timesteps|400|", "|ppo.target_kl|null|",
             "|model.hidden_sizes|[64,64]|"} <= set(rows)
+
+
+def test_the_reported_returns_are_those_of_the_episodes_the_env_finished(tmp_path):
+    # The score every baseline claim rests on, against an independent count: a toy task whose episodes
+    # (terminated and truncated, staggered over the envs, several ending on one step) have returns known
+    # from its rules. Per iteration: the episodes that ended in it, their mean return and length; at the
+    # end: the mean return of the last 100 episodes, taking whole iterations from the end.
+    from ppo import trainer
+
+    register_toy_envs()
+    num_envs, num_steps, iterations = 6, 5, 20
+    settings = settings_from_dict({
+        "total_timesteps": iterations * num_envs * num_steps, "device": "cpu", "seed": 0, "checkpoint": {"every": 0},
+        "env": {"id": STAGGER_ID, "num_envs": num_envs, "backend": "gymnasium"},
+        "ppo": {"num_steps": num_steps, "num_minibatches": 2, "update_epochs": 1}})
+    score = trainer.train(settings, str(tmp_path), torch.device("cpu"))
+    known = stagger_episodes(num_envs, iterations * num_steps)
+    per_iteration = [[(r, n) for end, _, r, n in known if k * num_steps <= end < (k + 1) * num_steps]
+                     for k in range(iterations)]
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    logged = {tag: {e.step: e.value for e in events.Scalars(f"charts/{tag}")}
+              for tag in ("episodic_return", "episodic_length", "episodes")}
+    expected = {k: ended for k, ended in enumerate(per_iteration) if ended}
+    assert sorted(logged["episodes"]) == [(k + 1) * num_envs * num_steps for k in expected]
+    for k, ended in expected.items():
+        step = (k + 1) * num_envs * num_steps
+        assert logged["episodes"][step] == len(ended)
+        assert logged["episodic_return"][step] == pytest.approx(sum(r for r, _ in ended) / len(ended), rel=1e-6)
+        assert logged["episodic_length"][step] == pytest.approx(sum(n for _, n in ended) / len(ended), rel=1e-6)
+    last: list[float] = []
+    for ended in reversed(per_iteration):
+        if len(last) >= 100:
+            break
+        last += [r for r, _ in ended]
+    assert len(known) > 150 and 100 <= len(last) < 120
+    assert score == pytest.approx(sum(last) / len(last), rel=1e-12)
 
 
 def readme_tensorboard_tags() -> set[str]:
@@ -147,7 +184,7 @@ def test_checkpoints_load_weights_only_and_older_ones_still_do(tmp_path):
         load_checkpoint(tmp_path / "code.pt", torch.device("cpu"))
 
 
-def test_resume_continues_the_step_count_and_state(tmp_path):
+def test_a_resume_names_forgotten_overrides_continues_the_step_count_and_records_what_it_continues(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",
               "model.shared_trunk=true"]
@@ -593,20 +630,6 @@ def test_a_run_sent_into_a_finished_runs_dir_is_refused_unless_it_resumes_it(tmp
     third = run_train(*common, "total_timesteps=512", f"resume={tmp_path}", timeout=120)
     assert third.returncode == 0 and "finished at step 512" in third.stdout, third.stderr
     assert not stray.exists()
-
-
-def test_checkpoints_are_flushed_to_disk_before_and_after_the_rename(tmp_path, monkeypatch):
-    import os
-
-    import ppo.checkpoint
-
-    synced = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(ppo.checkpoint.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-                        or real_fsync(fd))
-    path = ppo.checkpoint.save_checkpoint(tmp_path, {"x": torch.zeros(3)})
-    assert synced == [str(path.with_suffix(".tmp")), str(path.parent)]
-    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(3))
 
 
 def test_a_run_dir_in_use_by_another_run_is_refused(tmp_path):

@@ -383,6 +383,20 @@ def test_matmul_precision_is_checked_and_leaves_a_cpu_run_in_fp32():
     assert not torch.backends.cuda.matmul.allow_tf32
 
 
+def test_explained_variance_matches_numpy_over_the_valid_samples_only():
+    import numpy as np
+
+    from ppo.update import explained_variance
+
+    buffer = filled_buffer(5, num_steps=9, num_envs=13, invalid_fraction=0.3)
+    buffer.returns[~buffer.valid] = 1e6  # a dummy step's numbers must not count
+    returns, values = buffer.returns[buffer.valid].double().numpy(), buffer.values[buffer.valid].double().numpy()
+    expected = 1 - np.var(returns - values) / np.var(returns)
+    assert abs(explained_variance(buffer).item() - expected) < 1e-5
+    buffer.returns[buffer.valid] = 3.0  # constant returns: undefined, not a number that passes for one
+    assert torch.isnan(explained_variance(buffer))
+
+
 def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     from ppo.update import set_learning_rate
 
