@@ -15,6 +15,7 @@ COPY buffers buffers
 COPY ppo ppo
 COPY configs configs
 COPY scripts scripts
+COPY examples examples
 COPY train.py hydra_edge.py ./
 RUN pip install --no-cache-dir -e .
 ENTRYPOINT ["python", "train.py", "device=cuda"]

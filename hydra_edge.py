@@ -30,12 +30,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ppo import run_dir as run_records
-from ppo.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from ppo.config import ConfigError, TrainSettings, check_setting_key, resolve_device, settings_from_dict
 from ppo.envs import check_env_id, observation_action_size
-from ppo.resources import check_resources
-from ppo.signals import StopOnSignal, interrupt_on_signals
+from ppo.run import records as run_records
+from ppo.run.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from ppo.run.resources import check_resources
+from ppo.run.signals import StopOnSignal, interrupt_on_signals
 
 ROOT = Path(__file__).resolve().parent
 
@@ -116,7 +116,7 @@ def command_line_keys() -> frozenset[str]:
 
 
 def claim_run_dir(run_dir: str, resume: str | None) -> None:
-    """Lock the run dir for this process (`ppo.run_dir.claim`), or exit 2 (refused) with one line: where
+    """Lock the run dir for this process (`ppo.run.records.claim`), or exit 2 (refused) with one line: where
     another run trains there, where it cannot be made or opened (Hydra's own mkdir would raise a traceback)
     or where it holds another run's checkpoint that this command does not resume
     (`check_not_another_runs`). The refused run exits without touching the dir: even one that holds

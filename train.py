@@ -8,14 +8,14 @@
 Hydra composes the config; `hydra_edge` checks it and turns it into typed settings; `ppo.trainer.train`
 runs the loop. Each run writes its resolved config (.hydra/), TensorBoard events, checkpoints and
 train.log (what it printed, and how it ended) into its run dir; a command refused or stopped before
-training leaves none. Exit codes: `ppo/signals.py` (0 finished, 75 stopped with a checkpoint).
+training leaves none. Exit codes: `ppo/run/signals.py` (0 finished, 75 stopped with a checkpoint).
 """
 
 from __future__ import annotations
 
 import sys
 
-from ppo.signals import quit_on_signals
+from ppo.run.signals import quit_on_signals
 
 if __name__ == "__main__":
     quit_on_signals()  # a Ctrl-C during the imports below: one line, not a traceback
@@ -32,9 +32,9 @@ from hydra_edge import (  # noqa: E402
     refuse,
     run_dir_claimed,
 )
-from ppo import run_dir as run_records  # noqa: E402
 from ppo.config import ConfigError  # noqa: E402
-from ppo.signals import (  # noqa: E402
+from ppo.run import records as run_records  # noqa: E402
+from ppo.run.signals import (  # noqa: E402
     EXIT_FAILED,
     EXIT_REFUSED,
     EXIT_STOPPED,

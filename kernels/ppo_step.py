@@ -13,7 +13,7 @@ registers; they meet only in the gradient norm, which is why clipping and Adam a
 step with `tf32x3` products (fp32-like), ~16 with `tf32`, ~72 with `ieee`; as one program per step
 the same math took ~74, ~50 and ~167.
 
-Scope: the default model only (`ppo.fused_update.unsupported_reason` says exactly which): separate actor
+Scope: the default model only (`ppo.update.fused.unsupported_reason` says exactly which): separate actor
 and critic MLPs with two tanh hidden layers, a state-independent log-std, Adam without weight
 decay, one process. The math is `ppo.update.ppo_loss` followed by `loss.backward()`,
 `clip_grad_norm_` and `torch.optim.Adam.step()`, including torch's gradient at ties of `max` (split

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ppo.config import ModelSettings
+from ppo.config import ACTIVATIONS, ModelSettings
 from ppo.normalize import ValueNormalizer
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -26,13 +26,12 @@ def _layer(in_features: int, out_features: int, gain: float = math.sqrt(2)) -> n
     return layer
 
 
-ACTIVATIONS = {"tanh": nn.Tanh, "elu": nn.ELU, "relu": nn.ReLU}
 
 
 def _body(in_features: int, hidden_sizes: tuple[int, ...], activation: str) -> nn.Sequential:
     layers: list[nn.Module] = []
     for size in hidden_sizes:
-        layers += [_layer(in_features, size), ACTIVATIONS[activation]()]
+        layers += [_layer(in_features, size), getattr(nn, ACTIVATIONS[activation])()]
         in_features = size
     return nn.Sequential(*layers)
 

@@ -21,8 +21,9 @@ class EnvSettings:
     id: str = "Ant-v4"
     num_envs: int = 64
     # envpool | gymnasium | mjwarp | auto: envpool where it is installed (pip installs it on Linux x86-64
-    # only), else gymnasium; resolved on construction (__post_init__), so the settings name the simulator.
-    # mjwarp: MuJoCo Warp worlds on the run's device (ppo.mjwarp; pip install -e ".[mjwarp]")
+    # only) and the id is not a `module:Id`, else gymnasium; resolved on construction (__post_init__), so the
+    # settings name the simulator.
+    # mjwarp: MuJoCo Warp worlds on the run's device (ppo.envs.mjwarp; pip install -e ".[mjwarp]")
     backend: str = "auto"
     num_threads: int = 0  # envpool worker threads; 0: one per env up to the CPU count
     # Split the envs into this many simulators, stepped as a pipeline: while one group simulates,
@@ -38,12 +39,14 @@ class EnvSettings:
         # (run_info.json, checkpoints, a resume's comparison) record the simulator it used. Looked up
         # without importing envpool: an envpool that is installed but fails to import gets
         # check_env_id's one-line error, as when asked for by name.
-        if self.backend == "auto":
-            found = importlib.util.find_spec("envpool") is not None
+        if self.backend == "auto":  # a `module:Id` is a task its module registers with gymnasium, not envpool's
+            found = importlib.util.find_spec("envpool") is not None and ":" not in self.id
             object.__setattr__(self, "backend", "envpool" if found else "gymnasium")
 
 
 NORM_ADV_CHOICES = ("minibatch", "batch", "off")
+# `model.activation`'s choices, each the name of its torch.nn module (ppo.agent builds it; torch-free here)
+ACTIVATIONS = {"tanh": "Tanh", "elu": "ELU", "relu": "ReLU"}
 FUSED_PRECISIONS = ("tf32", "tf32x3", "ieee")
 MATMUL_PRECISIONS = ("ieee", "tf32")
 
@@ -77,7 +80,7 @@ class PPOSettings:
     compile: bool | str = "auto"  # torch.compile the update; auto: CUDA, and long CPU runs (ppo.update.compiles)
     cuda_graphs: bool = True  # on one CUDA device, replay collection steps and update epochs as CUDA graphs
     # each minibatch step as two Triton kernels (ppo.fused_update): auto (on one CUDA device wherever the
-    # model allows it; see ppo.fused_update.fuses), true (an error where it cannot run) or false
+    # model allows it; see ppo.update.fused.fuses), true (an error where it cannot run) or false
     fused_update: bool | str = "auto"
     # the fused step's matrix products: tf32x3 (three tensor-core products of split inputs: fp32-like),
     # tf32 (one: the inputs read to 10 mantissa bits, as JAX's default float32 matmul on these GPUs)
@@ -337,8 +340,6 @@ def _validate(s: TrainSettings) -> None:
             f"= {s.env.num_envs} x {s.ppo.num_steps} = {s.batch_size}; "
             f"{nearest_divisors(s.batch_size, s.ppo.num_minibatches)}"
         )
-    from ppo.agent import ACTIVATIONS  # the one list of names (imported here: this module stays torch-free)
-
     if s.model.activation not in ACTIVATIONS:
         raise ConfigError(f"`model.activation` must be one of {', '.join(ACTIVATIONS)}, got {s.model.activation!r}")
     if s.env.backend not in ("envpool", "gymnasium", "mjwarp"):

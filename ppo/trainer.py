@@ -20,9 +20,14 @@ import torch
 
 from buffers import RolloutBuffer
 from ppo import distributed
-from ppo import run_dir as run_records
 from ppo.agent import make_agent
-from ppo.checkpoint import (
+from ppo.collect import Collector
+from ppo.config import ConfigError, TrainSettings, flat_settings
+from ppo.envs import make_envs
+from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
+from ppo.policy.video import VideoError, VideoRecorder
+from ppo.run import records as run_records
+from ppo.run.checkpoint import (
     NonFiniteState,
     check_observation_layout,
     load_checkpoint,
@@ -31,14 +36,9 @@ from ppo.checkpoint import (
     save_checkpoint,
     training_state,
 )
-from ppo.collect import Collector
-from ppo.config import ConfigError, TrainSettings, flat_settings
-from ppo.envs import make_envs
-from ppo.fused_update import auto_fallback_note, fuses
-from ppo.logger import RunLogger, final_step, last_iterations, mean_of_last_episodes
-from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
-from ppo.signals import Interrupted, StopOnSignal
-from ppo.tracking import WandbMirror
+from ppo.run.logger import RunLogger, final_step, last_iterations, mean_of_last_episodes
+from ppo.run.signals import Interrupted, StopOnSignal
+from ppo.run.tracking import WandbMirror
 from ppo.update import (
     Updater,
     compiles,
@@ -47,7 +47,7 @@ from ppo.update import (
     set_learning_rate,
     set_matmul_precision,
 )
-from ppo.video import VideoError, VideoRecorder
+from ppo.update.fused import auto_fallback_note, fuses
 
 LOSS_TAGS = ("policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac", "explained_variance")
 

@@ -5,7 +5,7 @@
     python scripts/benchmark_e2e.py --device cuda --worlds 1024,4096,16384 +experiment=mjwarp_ant
 
 Trailing `key=value` arguments are Hydra overrides of configs/train.yaml, as for train.py.
-With `env.backend=mjwarp` the raw rate is MuJoCo Warp's (ppo.mjwarp, random actions, synchronised at
+With `env.backend=mjwarp` the raw rate is MuJoCo Warp's (ppo.envs.mjwarp, random actions, synchronised at
 the end), `--worlds` measures each world count in turn, and the CleanRL-style loop (an envpool loop)
 is skipped. Each run also reports the update's achieved TFLOP/s (its matrix products' FLOPs over
 `time/update`) beside the GPU's dense peak for `ppo.matmul_precision` (fp32 or TF32).
@@ -41,7 +41,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from ppo.config import ConfigError, EnvSettings, ModelSettings, resolve_device, settings_from_dict
-from ppo.envs import envpool_threads, import_envpool, observation_size, pins_threads, task_spaces
+from ppo.envs import envpool_threads, import_envpool, make_envs, observation_size, pins_threads, task_spaces
 from ppo.trainer import train
 from ppo.update import compiles
 
@@ -93,9 +93,7 @@ def raw_env_sps(env: EnvSettings, pinned: bool, steps: int, seed: int = 1) -> fl
 
 
 def raw_mjwarp_sps(env: EnvSettings, device: torch.device, steps: int, seed: int = 1) -> float:
-    from ppo.mjwarp import MjWarpEnvs
-
-    envs = MjWarpEnvs(env, device, seed)
+    envs = make_envs(env, device, seed)  # MuJoCo Warp's worlds: one simulator on the device
     envs.reset(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     low, high = envs.action_low, envs.action_high

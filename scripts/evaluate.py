@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 import ppo.policy
-from ppo.checkpoint import CheckpointError, resolve_checkpoint
 from ppo.config import ConfigError, check_seed, resolve_device
 from ppo.envs import VecEnv, make_envs
-from ppo.run_dir import check_tool_output
-from ppo.video import VideoError
+from ppo.policy.video import VideoError
+from ppo.run.checkpoint import CheckpointError, resolve_checkpoint
+from ppo.run.records import check_tool_output
 
 
 def envs_and_policy(checkpoint_path: str, device: torch.device, seed: int,
@@ -74,8 +74,8 @@ def record_videos(checkpoint_path: str, episodes: int, seed: int, directory: str
     if given; their returns."""
     from pathlib import Path
 
-    from ppo.checkpoint import resolve_checkpoint, run_dir_of
-    from ppo.video import render_episode, use_headless_gl, write_frame_strip, write_mp4
+    from ppo.policy.video import render_episode, use_headless_gl, write_frame_strip, write_mp4
+    from ppo.run.checkpoint import resolve_checkpoint, run_dir_of
 
     path = resolve_checkpoint(checkpoint_path)
     directory = Path(directory) if directory else run_dir_of(path) / "videos"
@@ -141,6 +141,7 @@ def main() -> None:
     if args.frame_strip and Path(args.frame_strip).suffix.lower() != ".png":
         parser.error(f"--frame-strip writes a PNG picture: give a file name ending in .png, got {args.frame_strip!r}")
     try:
+        device = resolve_device(args.device, "--device") if args.video is None else None  # the options first
         checkpoint = resolve_checkpoint(args.checkpoint)
         for option, output in (("--json", args.json), ("--frame-strip", args.frame_strip)):
             if output:  # before the episodes run
@@ -155,7 +156,6 @@ def main() -> None:
         else:
             if args.frame_strip:
                 parser.error("--frame-strip comes with --video")
-            device = resolve_device(args.device, "--device")
             returns = evaluate(args.checkpoint, args.episodes, device, args.seed, args.num_envs, args.backend)
         returns = torch.tensor(returns, dtype=torch.float64)
     except FileNotFoundError as error:

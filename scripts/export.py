@@ -18,10 +18,10 @@ import warnings
 from pathlib import Path
 
 import ppo.policy
-from ppo.checkpoint import CheckpointError, resolve_checkpoint, run_dir_of
 from ppo.config import ConfigError
-from ppo.export import FORMATS, describe, export
-from ppo.run_dir import check_tool_output
+from ppo.policy.export import FORMATS, describe, export
+from ppo.run.checkpoint import CheckpointError, resolve_checkpoint, run_dir_of
+from ppo.run.records import check_tool_output
 
 
 def main() -> None:

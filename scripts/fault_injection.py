@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ppo.checkpoint import CHECKPOINT_DIR, LAST, CheckpointError, load_checkpoint
+from ppo.run.checkpoint import CHECKPOINT_DIR, LAST, CheckpointError, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]  # train.py's
 

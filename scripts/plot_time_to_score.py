@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from ppo.config import ConfigError
-from ppo.run_dir import check_tool_output
+from ppo.run.records import check_tool_output
 
 
 def curve(run_dir: Path) -> tuple[str, list[tuple[int, float, float]]]:
@@ -32,7 +32,7 @@ def curve(run_dir: Path) -> tuple[str, list[tuple[int, float, float]]]:
     info = json.loads((run_dir / "run_info.json").read_text())
     env = torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["settings"]["env"]
     label = f"{env['id']} ({env['backend']}, {env['num_envs']} envs; {info.get('gpu') or 'CPU'}), {run_dir.name}"
-    start = info.get("started")  # the command's start (ppo.run_dir.write_run_info)
+    start = info.get("started")  # the command's start (ppo.run.records.write_run_info)
     if start is None:  # a run from before it was recorded: its first line in train.log
         first_line = (run_dir / "train.log").read_text().splitlines()[0]
         start = datetime.datetime.strptime(first_line[1:20], "%Y-%m-%d %H:%M:%S").timestamp()

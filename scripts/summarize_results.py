@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from ppo.config import EXECUTION_KEYS
-from ppo.logger import mean_of_last_episodes
-from ppo.run_dir import override_key, recorded_overrides
+from ppo.run.logger import mean_of_last_episodes
+from ppo.run.records import override_key, recorded_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 

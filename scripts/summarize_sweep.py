@@ -21,7 +21,7 @@ from pathlib import Path
 
 from summarize_results import check_dirs_exist, find_runs, format_sps, mean_sps
 
-from ppo.run_dir import recorded_overrides
+from ppo.run.records import recorded_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 

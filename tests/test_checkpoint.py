@@ -8,11 +8,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import ppo.checkpoint
+import ppo.run.checkpoint
 from ppo.agent import Agent
-from ppo.checkpoint import load_checkpoint, restore_training_state, save_checkpoint, training_state
 from ppo.config import settings_from_dict
 from ppo.normalize import ObservationNormalizer, RewardScaler, ValueNormalizer
+from ppo.run.checkpoint import load_checkpoint, restore_training_state, save_checkpoint, training_state
 from ppo.update import make_optimizer, ppo_update
 from tests.conftest import filled_buffer
 from tests.toy_env import TOY_ID, register_toy_envs
@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 def test_checkpoints_are_flushed_to_disk_before_and_after_the_rename(tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
-    monkeypatch.setattr(ppo.checkpoint.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+    monkeypatch.setattr(ppo.run.checkpoint.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
                         or real_fsync(fd))
     path = save_checkpoint(tmp_path, {"x": torch.zeros(3)})
     assert synced == [str(path.with_suffix(".tmp")), str(path.parent)]

@@ -12,7 +12,7 @@ import torch
 from buffers import RolloutBuffer
 from ppo.collect import Collector
 from ppo.config import ConfigError, EnvSettings
-from ppo.envs import EnvpoolEnvs, _known_ids, make_envs
+from ppo.envs import EnvpoolEnvs, backend, make_envs
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.conftest import filled_buffer
 from tests.toy_env import STAGGER_ID, TOY_ID, register_toy_envs, stagger_episodes
@@ -174,14 +174,17 @@ def test_episode_returns_and_lengths_are_the_raw_rewards_of_each_finished_episod
 
 
 def _envpool_has(env_id: str) -> bool:
-    return env_id in _known_ids("envpool")  # empty without envpool
+    try:
+        return env_id in backend("envpool").known_ids(EnvSettings(backend="envpool"), "")
+    except ConfigError:  # no envpool here
+        return False
 
 
 def test_envpool_0_8_beside_numpy_2_is_refused_before_it_returns_wrong_env_ids(monkeypatch):
     # envpool 0.8.4 (Python 3.10's last) was built against numpy 1: beside numpy 2 it reported every
     # env id as 0 (seen on Python 3.10 with numpy 2.2.6). The run must stop with a fix, not start.
     fake = types.SimpleNamespace(__version__="0.8.4", make=lambda *args, **kwargs: pytest.fail("make was called"))
-    monkeypatch.setattr("ppo.envs.import_envpool", lambda: fake)
+    monkeypatch.setattr("ppo.envs.envpool.import_envpool", lambda: fake)
     monkeypatch.setattr(np, "__version__", "2.2.6")
     with pytest.raises(ConfigError, match=r"envpool 0.8.4 needs numpy < 2 \(here 2.2.6\)"):
         EnvpoolEnvs(EnvSettings(id="Ant-v4", num_envs=2, backend="envpool"), torch.device("cpu"), seed=0)
@@ -430,13 +433,13 @@ def test_a_dict_of_observations_is_flattened_in_the_order_its_space_lists_its_ke
 
     from gymnasium.spaces import Box, Dict
 
-    from ppo.envs import StepOutputs, _TensorEnvs
+    from ppo.envs import NumpyVecEnv, StepOutputs
 
     goal = Dict(OrderedDict(kettle=Box(-1.0, 1.0, (2,)), burner=Box(-1.0, 1.0, (1,))))
     space = Dict(OrderedDict(velocity=Box(-9.0, 9.0, (2,)), height=Box(0.0, 9.0, ()), goal=goal,
                              joints=Box(-1.0, 1.0, (2, 3))))
     stub = _DictObservations(space, num_envs=3)
-    envs = _TensorEnvs(stub, "Run-v1", 3, space, Box(-1.0, 1.0, (2,)), torch.device(device))
+    envs = NumpyVecEnv(stub, "Run-v1", 3, space, Box(-1.0, 1.0, (2,)), torch.device(device))
     assert envs.obs_dim == 2 + 1 + 2 + 1 + 6
 
     def expected() -> torch.Tensor:
@@ -517,10 +520,10 @@ def test_mujoco_warnings_print_once_to_stderr_and_leave_no_log_file(tmp_path, mo
     # A physics warning is one MuJoCo raises on every version: a NaN position, here in each of two envs.
     import mujoco
 
-    import ppo.envs
+    import ppo.envs.interface
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(ppo.envs, "_mujoco_warnings_seen", set())
+    monkeypatch.setattr(ppo.envs.interface, "_mujoco_warnings_seen", set())
     previous = mujoco.get_mju_user_warning()
     try:
         envs = make_envs(EnvSettings(id="InvertedPendulum-v4", num_envs=2, backend="gymnasium"), torch.device("cpu"),

@@ -32,7 +32,7 @@ def test_evaluation_is_deterministic_and_counts_whole_episodes(tmp_path):
     # What is not a checkpoint of train.py says so in one line (torch's own errors are pickle's or
     # zip's): a copy cut short, a file of the run that is not the checkpoint, a zip archive that torch
     # did not write, a torch archive whose pickle is garbled, a torch file of weights.
-    from ppo.checkpoint import CheckpointError, load_checkpoint
+    from ppo.run.checkpoint import CheckpointError, load_checkpoint
 
     real = tmp_path / "checkpoints" / "last.pt"
     assert load_checkpoint(real, torch.device("cpu"))["global_step"] == 2048
@@ -57,7 +57,7 @@ def test_a_dir_above_run_dirs_names_them_newest_first(tmp_path):
     # `runs`, `runs/Ant-v4` or a sweep's `multirun` given for a run dir: the error names the runs below it
     import os
 
-    from ppo.checkpoint import resolve_checkpoint
+    from ppo.run.checkpoint import resolve_checkpoint
 
     for age, run in enumerate(["Ant-v4/seed1_b", "Ant-v4/seed1_a", "Hopper-v4/seed2", "Walker2d-v4/seed3"]):
         last = tmp_path / "runs" / run / "checkpoints" / "last.pt"

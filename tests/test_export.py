@@ -81,9 +81,9 @@ def test_a_dict_tasks_parts_are_separate_inputs_flattened_in_the_agents_order(fm
     from gymnasium.spaces import Box, Dict
 
     from ppo.agent import make_agent
-    from ppo.export import export
     from ppo.normalize import ObservationNormalizer
     from ppo.policy import Policy
+    from ppo.policy.export import export
 
     goal = Dict(OrderedDict(kettle=Box(-1.0, 1.0, (2,)), burner=Box(-1.0, 1.0, ())))
     space = Dict(OrderedDict(velocity=Box(-9.0, 9.0, (3,)), goal=goal))

@@ -15,9 +15,9 @@ from torch import nn
 from buffers import SampleTable
 from ppo.agent import Agent
 from ppo.config import ConfigError, PPOSettings
-from ppo.fused_update import FusedStep, auto_fallback_note, fuses, unsupported_reason
 from ppo.normalize import ValueNormalizer
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
+from ppo.update.fused import FusedStep, auto_fallback_note, fuses, unsupported_reason
 from tests.conftest import ROOT
 from tests.rollouts import poisoned_like
 from tests.test_update import assert_same_updates, random_minibatch, run_updates

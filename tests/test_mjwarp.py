@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+import examples.mjwarp_swimmer  # noqa: F401  (registers Swimmer-v5: held to gymnasium's as the built-in tasks)
 from buffers import RolloutBuffer
 from ppo.collect import Collector
 from ppo.config import ConfigError, EnvSettings
 from ppo.envs import print_mujoco_warnings_once
-from ppo.mjwarp_tasks import TASKS
+from ppo.envs.mjwarp_tasks import TASKS
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.conftest import ROOT
 from tests.test_collect import GAMMA, KnownPolicy
@@ -37,7 +38,7 @@ needs_mjwarp = pytest.mark.skipif(not HAVE_MJWARP, reason='needs pip install -e 
 
 
 def _warp_has_a_cpu_compiler() -> bool:
-    from ppo.mjwarp import import_mujoco_warp
+    from ppo.envs.mjwarp import import_mujoco_warp
 
     return import_mujoco_warp()[0].is_cpu_available()
 
@@ -105,7 +106,7 @@ def test_the_task_code_is_gymnasiums_on_its_own_states(env_id):
 
 
 def make(env_id: str, num_envs: int, device: torch.device = CPU, **kwargs):
-    from ppo.mjwarp import MjWarpEnvs
+    from ppo.envs.mjwarp import MjWarpEnvs
 
     return MjWarpEnvs(EnvSettings(id=env_id, num_envs=num_envs, backend="mjwarp"), device, seed=0, **kwargs)
 
@@ -113,9 +114,9 @@ def make(env_id: str, num_envs: int, device: torch.device = CPU, **kwargs):
 # Largest drift over 20 steps of 2 worlds from gymnasium's reset states, measured on a 2-core CPU
 # (mujoco 4.0.1, mujoco-warp 4.0.0), with a margin of 5-40x: HalfCheetah 4.9e-3 (its gait amplifies
 # rounding fastest), Humanoid 2.0e-4, Walker2d 4.4e-5, Hopper 9.3e-6, InvertedPendulum 2.5e-7; Ant's
-# first step 6e-7.
+# first step 6e-7; the example Swimmer (examples/mjwarp_swimmer.py) 1.8e-6.
 DRIFT = {"HalfCheetah": 3e-2, "Humanoid": 1e-3, "Walker2d": 3e-4, "Hopper": 1e-4, "InvertedPendulum": 1e-5,
-         "Ant": 1e-4}
+         "Ant": 1e-4, "Swimmer": 1e-5}
 # Ant: MuJoCo Warp's RK4 step and MuJoCo's differ where a leg first touches the floor (qvel by 0.2
 # in that physics step, with no task code involved; 9e-3 with Euler on both), which from gymnasium's
 # reset states happens within its 2nd step (physics steps 6-12), so Ant is compared until then.
@@ -319,7 +320,7 @@ def test_a_task_the_backend_does_not_have_names_the_ones_it_has(tmp_path):
     result = run_train("env.id=Pusher-v5", "env.backend=mjwarp", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     line = result.stderr.strip()
-    assert line.startswith("error: env.backend=mjwarp has no task 'Pusher-v5'; it has Ant-v4, Ant-v5, ")
+    assert line.startswith("error: env.backend=mjwarp has no task 'Pusher-v5' (registered: Ant-v4, Ant-v5, ")
     assert not (tmp_path / "run").exists()
 
 
@@ -341,7 +342,7 @@ def test_a_missing_extra_names_the_pip_command(tmp_path):
 
 @needs_mjwarp
 def test_a_warp_without_a_cpu_compiler_refuses_a_cpu_run_in_one_line(monkeypatch):
-    from ppo.mjwarp import check_device, import_mujoco_warp
+    from ppo.envs.mjwarp import check_device, import_mujoco_warp
 
     monkeypatch.setattr(import_mujoco_warp()[0], "is_cpu_available", lambda: False)  # as a CUDA-only install
     with pytest.raises(ConfigError, match="^env.backend=mjwarp on the CPU needs Warp's CPU compiler") as refused:
@@ -351,7 +352,7 @@ def test_a_warp_without_a_cpu_compiler_refuses_a_cpu_run_in_one_line(monkeypatch
 
 
 def test_an_unknown_task_is_refused_by_name_where_mujoco_warp_is_not_installed_too():
-    from ppo.mjwarp import check_task
+    from ppo.envs.mjwarp import task_of
 
-    with pytest.raises(ConfigError, match="has no task 'Swimmer-v5'"):
-        check_task("Swimmer-v5")
+    with pytest.raises(ConfigError, match="has no task 'Pusher-v5'"):
+        task_of("Pusher-v5")

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from ppo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ppo.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tests.conftest import ROOT
 
 TINY = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
@@ -210,7 +210,7 @@ def test_a_read_only_run_dir_is_refused_in_one_line_before_anything_starts(remou
 
 
 def test_the_fault_injection_script_loses_no_checkpoint_over_a_few_kills(tmp_path):
-    # Its full run (20 kills) is in the README; here two kills, one resume, and the finishing resume.
+    # Its full run (20 kills) is in docs/reliability.md; here two kills, one resume, and the finishing resume.
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_injection.py"), "--kills", "2",
                              "--max-delay", "1", "--dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)

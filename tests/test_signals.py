@@ -1,5 +1,5 @@
 """Every signal a batch job is sent (SIGINT, SIGTERM, SIGHUP, SIGUSR1) ends every phase of a run or a sweep
-in one line, with the exit code the README's table gives, and the printed command continues a stopped run
+in one line, with the exit code docs/reliability.md's table gives, and the printed command continues a stopped run
 in place."""
 
 import os
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ppo.signals import EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, SIGNALS
+from ppo.run.signals import EXIT_FAILED, EXIT_REFUSED, EXIT_STOPPED, SIGNALS
 from tests.conftest import ROOT
 
 TINY = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
@@ -131,7 +131,7 @@ def test_a_signal_while_a_sweeps_job_trains_names_the_jobs_never_run(tmp_path):
 
 
 def test_ctrl_c_to_the_process_group_with_videos_on_ends_in_lines_of_the_run_alone(tmp_path):
-    from ppo.video import VideoError, choose_gl
+    from ppo.policy.video import VideoError, choose_gl
 
     try:
         choose_gl()
@@ -147,8 +147,8 @@ def test_ctrl_c_to_the_process_group_with_videos_on_ends_in_lines_of_the_run_alo
     assert all(line.startswith("SIGINT: stopping after this iteration") for line in err.strip().splitlines()), err
 
 
-def test_the_readmes_exit_code_table_is_the_codes_the_code_uses():
-    table = (ROOT / "README.md").read_text().split("| exit | meaning | what to do |")[1].split("\n\n")[0]
+def test_the_documented_exit_code_table_is_the_codes_the_code_uses():
+    table = (ROOT / "docs" / "reliability.md").read_text().split("| exit | meaning | what to do |")[1].split("\n\n")[0]
     codes = re.findall(r"^\| *([0-9]+(?: \+ signal)?) *\| *([^|]+)\|", table, re.M)
     meaning = {code: text for code, text in codes}
     assert list(meaning) == ["0", str(EXIT_FAILED), str(EXIT_REFUSED), str(EXIT_STOPPED), "128 + signal"], codes

@@ -132,6 +132,6 @@ def test_a_model_that_turns_nan_is_not_saved_and_the_last_good_checkpoint_stays(
                     f"holds NaN or inf, so it was not saved; the run stopped there, and the last good checkpoint is "
                     f"{last}")
     assert line in (tmp_path / "train.log").read_text()
-    from ppo.checkpoint import load_checkpoint
+    from ppo.run.checkpoint import load_checkpoint
 
     assert load_checkpoint(last, torch.device("cpu"))["global_step"] == 512

@@ -16,7 +16,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo.checkpoint import (
+from ppo.config import setting_keys, settings_from_dict
+from ppo.run.checkpoint import (
     KEYS,
     CheckpointError,
     load_checkpoint,
@@ -24,8 +25,7 @@ from ppo.checkpoint import (
     resolve_checkpoint,
     set_numpy_rng_state,
 )
-from ppo.config import setting_keys, settings_from_dict
-from ppo.logger import RunLogger, final_step
+from ppo.run.logger import RunLogger, final_step
 from tests.conftest import ROOT, compose_config
 from tests.toy_env import STAGGER_ID, TOY_ID, TOY_NAN_ID, register_toy_envs, stagger_episodes
 
@@ -136,7 +136,7 @@ def test_the_closing_progress_line_is_printed_once(tmp_path, capsys, every_s):
 
 def test_the_console_rate_leaves_out_the_first_iteration(tmp_path, capsys, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("ppo.logger.time.time", lambda: clock[0])
+    monkeypatch.setattr("ppo.run.logger.time.time", lambda: clock[0])
     logger = RunLogger(str(tmp_path), last_step=20_480, start_step=0, every_s=0.0)
     clock[0] += 12.0  # a first iteration of 2,048 steps with 12 s of one-off warm-up
     logger.progress(2_048, None)
@@ -567,7 +567,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
                              "ppo.num_minibatches=4", "ppo.update_epochs=1", "device=cpu", "checkpoint.every=0")
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 75, err  # stopped with a checkpoint: requeue it (ppo/signals.py)
+    assert process.returncode == 75, err  # stopped with a checkpoint: requeue it (ppo/run/signals.py)
     assert "stopped by SIGTERM at step" in out and "finished at step" not in out
     run_dirs = [p.parent for p in tmp_path.rglob("checkpoints")]
     assert len(run_dirs) == 1
@@ -576,7 +576,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, sweep):
     assert go_on[:2] == ["python", "train.py"] and go_on[-2:] == [f"resume={run_dirs[0]}",
                                                                    f"hydra.run.dir={run_dirs[0]}"]
     assert "env=InvertedPendulum-v4" in go_on and ("seed=1" in go_on) == sweep
-    assert not any(arg.startswith("hydra.") for arg in go_on)
+    assert [arg for arg in go_on if arg.startswith("hydra.")] == [f"hydra.run.dir={run_dirs[0]}"]  # in place
     checkpoint = torch.load(resolve_checkpoint(str(run_dirs[0])), weights_only=True)
     assert 0 < checkpoint["global_step"] < 10_000_000
 

@@ -10,9 +10,9 @@ import torch
 
 from buffers import Minibatch, SampleTable
 from ppo.agent import Agent
-from ppo.compiled_step import vector_width_option
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, ppo_loss
+from ppo.update.compiled_step import vector_width_option
 from tests.conftest import ROOT, filled_buffer
 
 
@@ -254,8 +254,8 @@ def plain_step(agent: Agent, optimizer: torch.optim.Optimizer, mb: Minibatch, se
 def _steps(runs: list[tuple[PPOSettings, Agent]], compiled: bool, steps: int = 3) -> list[list[torch.Tensor]]:
     """Minibatch steps of each (settings, agent) in turn, step by step: each with a CompiledStep of
     its own, or the plain eager step. Returns each agent's parameters and Adam second moments."""
-    from ppo.compiled_step import CompiledStep
     from ppo.update import make_optimizer
+    from ppo.update.compiled_step import CompiledStep
 
     optimizers = [make_optimizer(agent, settings, torch.device("cpu"), graphs=False) for settings, agent in runs]
     step_fns = [CompiledStep(agent, optimizer, settings, ppo_loss) if compiled else None
@@ -292,8 +292,8 @@ def test_the_compiled_whole_step_trains_a_shared_trunk_like_the_plain_step():
 
 
 def test_the_compiled_step_takes_its_minibatches_in_pairs_where_it_can():
-    from ppo.compiled_step import CompiledStep, pairs_or_one
     from ppo.update import make_optimizer, ppo_update
+    from ppo.update.compiled_step import CompiledStep, pairs_or_one
 
     assert [pairs_or_one(n) for n in (1, 2, 3, 32)] == [1, 2, 1, 2]
     agent = Agent(5, 2)
@@ -481,7 +481,7 @@ def test_adaptive_rate_moves_in_the_eager_update():
 
 def test_adam_state_binding_checks_the_optimizer_and_shares_one_step_count():
     # The fused and compiled steps take Adam's step themselves on the optimizer's own tensors.
-    from ppo.adam_state import bind_adam_state
+    from ppo.update.adam_state import bind_adam_state
 
     agent = Agent(5, 2)
     params = list(agent.parameters())
@@ -504,7 +504,7 @@ _STEP_AGAINST_EAGER = """
 import torch
 from buffers import SampleTable
 from ppo.agent import Agent
-from ppo.compiled_step import CompiledStep
+from ppo.update.compiled_step import CompiledStep
 from ppo.config import PPOSettings
 from ppo.update import STAT_NAMES, make_optimizer, ppo_loss
 from tests.test_update import plain_step, random_minibatch

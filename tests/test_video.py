@@ -16,7 +16,7 @@ imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
 
 
 def _renders() -> str | None:
-    from ppo.video import VideoError, choose_gl
+    from ppo.policy.video import VideoError, choose_gl
 
     try:
         choose_gl()

@@ -9,7 +9,7 @@ without one, and print their registers and stack (spills) per thread.
 
 Why: Triton's CPU interpreter, which the CPU test suite uses, runs a kernel's Python without its
 compiler, so a kernel can pass every interpreted test and still not compile (a non-constexpr global,
-a type the code generator refuses). This compiles the exact launches that `ppo.fused_update.FusedStep`
+a type the code generator refuses). This compiles the exact launches that `ppo.update.fused.FusedStep`
 makes, through Triton's whole pipeline down to a cubin with its bundled ptxas: no GPU, no driver.
 The GAE kernel's launches are planned as `compute_gae` plans them on an NVIDIA GPU, PTX publishing
 included, which the interpreter cannot run at all. `tests/test_fused_update.py` and
@@ -36,10 +36,10 @@ from triton.compiler import ASTSource  # noqa: E402
 from buffers import SampleTable  # noqa: E402
 from kernels import gae_kernel, gae_plan  # noqa: E402
 from kernels.gae_launch import GaeLaunch  # noqa: E402
-from ppo import fused_update  # noqa: E402
 from ppo.agent import Agent  # noqa: E402
 from ppo.config import PPOSettings  # noqa: E402
 from ppo.update import STAT_NAMES, make_optimizer  # noqa: E402
+from ppo.update import fused as fused_update  # noqa: E402
 
 CONFIGS = {  # name: (obs_dim, act_dim, hidden sizes, minibatch, settings); both branches of each constexpr flag
     "ant-default": (27, 8, (64, 64), 64, PPOSettings()),
@@ -185,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100/H200)")
     parser.add_argument("--num-warps", type=int, default=None,
-                        help="the gradients kernel's warps (default: ppo.fused_update.NUM_WARPS per precision)")
+                        help="the gradients kernel's warps (default: ppo.update.fused.NUM_WARPS per precision)")
     parser.add_argument("--precisions", nargs="+", choices=sorted(fused_update.NUM_WARPS),
                         default=sorted(fused_update.NUM_WARPS), help="ppo.fused_precision values to compile")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=sorted(CONFIGS))

@@ -17,10 +17,10 @@ import sys
 import torch
 
 from buffers import RolloutBuffer
-from ppo import fused_update
 from ppo.agent import Agent
 from ppo.config import PPOSettings
 from ppo.update import Updater, make_optimizer
+from ppo.update import fused as fused_update
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=sorted(fused_update.NUM_WARPS), default="tf32",
                         help="with --fused: ppo.fused_precision")
     parser.add_argument("--num-warps", type=int, default=None,
-                        help="with --fused: warps per program (default: ppo.fused_update.NUM_WARPS[precision])")
+                        help="with --fused: warps per program (default: ppo.update.fused.NUM_WARPS[precision])")
     parser.add_argument("--obs-dim", type=int, default=27)
     parser.add_argument("--act-dim", type=int, default=8)
     parser.add_argument("--rows", type=int, default=25, help="kernels to print")

@@ -21,9 +21,9 @@ import triton
 from torch import nn
 
 from kernels.ppo_step import ppo_adam_kernel, ppo_gradients_kernel
-from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import ConfigError, PPOSettings
+from ppo.update.adam_state import bind_adam_state
 
 # Warps per gradients program by `ppo.fused_precision`, from an H200's GPU time per step: tf32 15.6 us
 # at 4 warps, 17.5 at 8; tf32x3 28.8 at 4, while at 8 Triton 3.6 made illegal memory accesses in every

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from buffers import Minibatch, SampleTable
-from ppo.adam_state import bind_adam_state
 from ppo.agent import Agent
 from ppo.config import PPOSettings
+from ppo.update.adam_state import bind_adam_state
 
 
 def _own_copy(method):

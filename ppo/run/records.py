@@ -22,9 +22,9 @@ import torch
 import yaml
 
 from ppo import distributed
-from ppo.checkpoint import CHECKPOINT_DIR, LAST, remove_stale_temporary, resolve_checkpoint
 from ppo.config import ConfigError, TrainSettings, learning_differences
 from ppo.envs import env_groups, simulator_version
+from ppo.run.checkpoint import CHECKPOINT_DIR, LAST, remove_stale_temporary, resolve_checkpoint
 
 RUN_INFO = "run_info.json"
 _IMPORTED = time.time()

@@ -1,5 +1,5 @@
 """`env.backend=mjwarp`: thousands of MuJoCo Warp worlds on the run's device, one per env, behind the
-VecEnv interface of ppo.envs, with gymnasium's task definitions (ppo.mjwarp_tasks).
+VecEnv interface (ppo.envs.interface), with gymnasium's task definitions (ppo.envs.mjwarp_tasks).
 
 Observations, rewards and flags are torch tensors computed on the device from views of Warp's arrays:
 no host copy per step, and nothing here waits for the device (Warp launches on torch's current CUDA
@@ -17,16 +17,89 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from ppo.config import ConfigError, EnvSettings
-from ppo.mjwarp_tasks import TASKS, Task
+from ppo.envs.interface import VecEnv, import_task_module, print_mujoco_warnings_once
+from ppo.envs.mjwarp_tasks import TASKS, Task
 
 EXTRA = 'pip install -e ".[mjwarp]"'
+SIMULATES_ON_THE_DEVICE = True  # nothing to overlap with the policy on the host: no pipelined groups
 _said: set[str] = set()
+
+
+def known_ids(settings: EnvSettings, option: str) -> set[str]:
+    """The registered tasks (ppo.envs.mjwarp_tasks), known without importing MuJoCo Warp: an unknown one is
+    refused where it is not installed too. For a `module:Id`, the module is imported first (it registers
+    `Id`), and `settings.id` itself is known where it did."""
+    name = import_task_module(settings.id)
+    return set(TASKS) | ({settings.id} if name in TASKS and name != settings.id else set())
+
+
+def unknown_id(settings: EnvSettings, known: set[str], option: str, elsewhere: list[str]) -> str:
+    mine = f"{settings.id.rpartition(':')[0]!r} imports, but " if ":" in settings.id else ""
+    return (f"{option}mjwarp has no task {settings.id.rpartition(':')[2]!r} ({mine}registered: {', '.join(TASKS)}; "
+            f"docs/your-own-task.md says how to add one, or use {option}envpool or gymnasium)")
+
+
+def task_of(env_id: str) -> Task:
+    """The task registered as `env_id` (or as the `Id` of a `module:Id`, its module imported), built; a
+    ConfigError in one line where its function fails."""
+    name = import_task_module(env_id)
+    if name not in TASKS:
+        raise ConfigError(unknown_id(EnvSettings(id=env_id, backend="mjwarp"), set(TASKS), "env.backend=", []))
+    try:
+        return TASKS[name]()
+    except ConfigError as error:
+        raise ConfigError(f"env.id={env_id}: {error}") from error
+    except Exception as error:  # a user's task function may raise anything
+        raise ConfigError(f"env.id={env_id}: its task does not build ({type(error).__name__}: {error})") from error
+
+
+def check(settings: EnvSettings, option: str) -> None:
+    """MuJoCo Warp imports here, and the task builds, its model loads and its observation has a shape
+    (`spaces`): a user's task fails here in one line, before anything starts."""
+    import_mujoco_warp()
+    spaces(settings)
+
+
+def spaces(settings: EnvSettings) -> tuple[object, object]:
+    """The task's spaces, from its model and one state of it on the CPU (MuJoCo's own simulator; no world
+    starts): observations a Box of the task's `observe` width, actions its actuators' control range (as
+    gymnasium's MujocoEnv makes them)."""
+    import mujoco
+    import numpy as np
+    from gymnasium.spaces import Box
+
+    task = task_of(settings.id)
+    model = load_model(task, settings.id)
+    data = mujoco.MjData(model)
+    mujoco.mj_forward(model, data)
+
+    def view(x) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=torch.float32)[None]
+
+    state = SimpleNamespace(qpos=view(data.qpos), qvel=view(data.qvel), ctrl=view(data.ctrl), xpos=view(data.xpos),
+                            xipos=view(data.xipos), cinert=view(data.cinert), cvel=view(data.cvel),
+                            qfrc_actuator=view(data.qfrc_actuator), cfrc_ext=view(data.cfrc_ext),
+                            body_mass=torch.as_tensor(model.body_mass, dtype=torch.float32))
+    try:
+        observation = task.observe(state)
+        shape = tuple(observation.shape)
+        if observation.dim() != 2 or shape[0] != 1 or not observation.is_floating_point():
+            raise ValueError(f"it returned a {observation.dtype} tensor of shape {shape}, not [W, obs_dim] floats")
+    except Exception as error:
+        raise ConfigError(f"env.id={settings.id}: its task's observe fails on the model's first state "
+                          f"({type(error).__name__}: {error})") from error
+    low, high = model.actuator_ctrlrange[:, 0], model.actuator_ctrlrange[:, 1]
+    return (Box(-np.inf, np.inf, (shape[1],), np.float32),
+            Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32))
+
+
+def make(settings: EnvSettings, device: torch.device, seed: int, first_cpu: int) -> VecEnv:
+    return MjWarpEnvs(settings, device, seed)
 
 
 def import_mujoco_warp():
@@ -59,12 +132,6 @@ def _native_stderr_dropped():
         os.close(saved)
 
 
-def check_task(env_id: str) -> None:
-    if env_id not in TASKS:
-        raise ConfigError(f"env.backend=mjwarp has no task {env_id!r}; it has {', '.join(TASKS)} "
-                          "(or use env.backend=envpool or gymnasium)")
-
-
 def check_device(device: torch.device) -> None:
     """A ConfigError where MuJoCo Warp cannot run on `device`: on a CPU it needs Warp's CPU compiler
     (warp-clang), which a CUDA-only Warp install leaves out."""
@@ -92,16 +159,16 @@ def version() -> str:
         return "mujoco-warp"
 
 
-def _gymnasium_model(task: Task):
-    """The task's MjModel, compiled from the XML in the installed gymnasium package."""
-    import gymnasium
+def load_model(task: Task, env_id: str = "the task"):
+    """The task's MjModel, compiled from its MJCF file; a ConfigError in one line where it does not load."""
     import mujoco
 
-    from ppo.envs import print_mujoco_warnings_once
-
     print_mujoco_warnings_once()  # HalfCheetah's XML warns once (`settotalmass`), to stderr, not MUJOCO_LOG.TXT
-    path = Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets" / task.xml
-    model = mujoco.MjModel.from_xml_path(str(path))
+    try:
+        model = mujoco.MjModel.from_xml_path(str(task.model))
+    except (ValueError, OSError) as error:
+        detail = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(f"env.id={env_id}: its model {task.model} does not load ({detail})") from error
     if task.newton_solver:  # the XML's PGS is not in MuJoCo Warp; Newton solves the same contact problem
         model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
     return model
@@ -117,27 +184,26 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 class MjWarpEnvs:
-    """`settings.num_envs` worlds of `settings.id` on `device`. `max_episode_steps` defaults to gymnasium's
-    registered limit for the id (1000 for every task here)."""
+    """`settings.num_envs` worlds of `settings.id` on `device`. `max_episode_steps` defaults to the task's
+    (gymnasium's registered limit for the built-in tasks: 1000)."""
 
     def __init__(self, settings: EnvSettings, device: torch.device, seed: int, max_episode_steps: int | None = None):
-        check_task(settings.id)
+        task = task_of(settings.id)
         wp, mjw = import_mujoco_warp()
         check_device(device)
-        import gymnasium
 
         notice = cpu_notice(device)
         if notice and notice not in _said:  # once a process
             _said.add(notice)
             print(notice, file=sys.stderr, flush=True)
 
-        self.task = task = TASKS[settings.id]()
+        self.task = task
         self.num_envs, self.device, self.members = settings.num_envs, device, [self]
-        self.max_episode_steps = max_episode_steps or gymnasium.spec(settings.id).max_episode_steps
+        self.max_episode_steps = max_episode_steps or task.max_episode_steps
         self._wp, self._mjw = wp, mjw
         self._wp_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
         self._streams: dict[int, object] = {}  # torch stream handle: its Warp wrapper
-        mjm = _gymnasium_model(task)
+        mjm = load_model(task, settings.id)
         self.dt = float(mjm.opt.timestep) * task.frame_skip
         with self._warp_scope():
             self._model = mjw.put_model(mjm)

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from ppo.checkpoint import run_dir_of
+from ppo.run.checkpoint import run_dir_of
 
 EXTRA = 'pip install -e ".[wandb]"'
 ID_FILE = "wandb_id"

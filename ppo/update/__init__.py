@@ -4,8 +4,8 @@ epochs x shuffled minibatches, global-norm gradient clipping, Adam, optional tar
 `ppo_update` is the plain loop. `Updater` runs it, or, on one CUDA device, replays each epoch as a
 CUDA graph: a minibatch step is ~150 tiny kernels, and launching them one by one from Python costs
 far more than running them. With `ppo.fused_update`, each minibatch step is one Triton kernel
-instead (`fused_ppo_update`, `ppo/fused_update.py`), eager or replayed the same way. With a
-compiled loss on a CPU, the plain loop runs each step as one compiled function (`ppo/compiled_step.py`)."""
+instead (`fused_ppo_update`, `ppo/update/fused.py`), eager or replayed the same way. With a
+compiled loss on a CPU, the plain loop runs each step as one compiled function (`ppo/update/compiled_step.py`)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from torch import nn
 from buffers import Minibatch, RolloutBuffer, SampleTable, normalized_advantages
 from ppo import distributed
 from ppo.agent import Agent
-from ppo.compiled_step import CompiledStep, pairs_or_one, vector_width_option
 from ppo.config import PPOSettings
-from ppo.fused_update import FusedStep, fuses
+from ppo.update.compiled_step import CompiledStep, pairs_or_one, vector_width_option
+from ppo.update.fused import FusedStep, fuses
 
 # torch's CUDA build, on a machine without a CUDA runtime, warns from its C++ extension loader ("No CUDA
 # runtime is found, using CUDA_HOME=...") when torch.compile first builds CPU code: a run's first lines

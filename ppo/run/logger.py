@@ -45,7 +45,7 @@ class RunLogger:
         self.last_print, self.printed_step = 0.0, None
         self.first_iteration_end: tuple[float, int] | None = None  # (time, step) at the first progress call
         self.recent_return = math.nan
-        self.mirror = None  # a ppo.tracking.WandbMirror: the same scalars and the videos, to W&B
+        self.mirror = None  # a ppo.run.tracking.WandbMirror: the same scalars and the videos, to W&B
 
     def video(self, step: int, path: str) -> None:
         """A video the recorder wrote (TensorBoard has it from the recorder's own events file)."""

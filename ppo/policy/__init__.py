@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from ppo.agent import Agent, make_agent
-from ppo.checkpoint import check_observation_layout, load_agent_weights, load_checkpoint, resolve_checkpoint
 from ppo.config import TrainSettings, resolve_device, settings_from_dict
 from ppo.envs import (
     action_bounds,
@@ -33,6 +32,7 @@ from ppo.envs import (
     task_spaces,
 )
 from ppo.normalize import ObservationNormalizer
+from ppo.run.checkpoint import check_observation_layout, load_agent_weights, load_checkpoint, resolve_checkpoint
 
 
 class Policy:
@@ -88,7 +88,7 @@ def load_policy(checkpoint: str, device: str | torch.device = "cpu", backend: st
     """The policy of a run dir or checkpoint file, on `device` (`auto`: CUDA if available); `backend`
     (envpool or gymnasium): read the task's spaces from this backend instead of the run's
     (`backend_option`: how the caller's user spells it, for the errors). Raises FileNotFoundError,
-    `ppo.checkpoint.CheckpointError` or `ppo.config.ConfigError`, each with one line."""
+    `ppo.run.checkpoint.CheckpointError` or `ppo.config.ConfigError`, each with one line."""
     device = device if isinstance(device, torch.device) else resolve_device(device)
     path = resolve_checkpoint(checkpoint)
     return policy_from_state(load_checkpoint(path, device), device, backend, backend_option, str(path))
@@ -97,7 +97,7 @@ def load_policy(checkpoint: str, device: str | torch.device = "cpu", backend: st
 def policy_from_state(state: dict, device: torch.device, backend: str | None = None,
                       backend_option: str = "backend=", what: str = "the policy") -> Policy:
     """The policy of a checkpoint's contents (`settings`, `observation_layout`, `agent`, `obs_normalizer`,
-    as `ppo.checkpoint.training_state` writes them), on `device`; `what` names it in errors."""
+    as `ppo.run.checkpoint.training_state` writes them), on `device`; `what` names it in errors."""
     settings = settings_from_dict({**state["settings"], "resume": None})
     if backend is not None:
         settings = dataclasses.replace(settings, env=dataclasses.replace(settings.env, backend=backend))

@@ -1,5 +1,5 @@
 """Adam's per-parameter state, for the update paths that take Adam's step themselves (the fused
-Triton step of ppo.fused_update and the compiled whole step of ppo.compiled_step): they update the
+Triton step of ppo.fused_update and the compiled whole step of ppo.update.compiled_step): they update the
 optimizer's own tensors in place, so checkpoints and the plain path see one optimizer."""
 
 from __future__ import annotations
