@@ -73,7 +73,9 @@ def test_a_restored_run_is_the_saved_one_in_every_part_its_random_streams_includ
         assert all(torch.equal(saved[key][name], again[key][name]) for name in saved[key]), key
     for state, restored in zip(saved["optimizer"]["state"].values(), again["optimizer"]["state"].values(), strict=True):
         assert all(torch.equal(state[name], restored[name]) for name in state)
-    assert saved["recent_episodes"] == [[4.0, 1.5]]
+    assert saved["recent_episodes"] == [[4.0, 1.5]] and saved["observation_layout"] == [["", [5]]]
+    assert saved["numpy_rng"]["keys"].dtype == torch.int64  # numbers, which a weights-only load reads
+    assert saved["cuda_rng"] is None if not torch.cuda.is_available() else len(saved["cuda_rng"]) > 0
     for got, want in zip(draws(generator2), expected, strict=True):  # every stream continues where it stood
         assert np.array_equal(np.asarray(got), np.asarray(want))
 

@@ -117,6 +117,22 @@ def test_no_bootstrap_means_zero_value_after_the_window(device):
     torch.testing.assert_close(adv, torch.tensor([[1.5, 1.0]], device=device))
 
 
+def test_without_a_continuation_value_only_the_last_step_sees_zero_and_float64_stays_float64(device):
+    # Three steps, values that are not zero: the interior steps take the next step's value, the last 0.
+    gamma, lam = 0.5, 0.5
+    for dtype in (torch.float32, torch.float64):
+        r = torch.tensor([[1.0, 2.0, 3.0]], dtype=dtype, device=device)
+        v = torch.tensor([[4.0, 5.0, 6.0]], dtype=dtype, device=device)
+        adv, ret = compute_gae(r, v, torch.zeros(1, 3, dtype=torch.bool, device=device), gamma=gamma, lam=lam)
+        deltas = [1 + gamma * 5 - 4, 2 + gamma * 6 - 5, 3 + gamma * 0 - 6]
+        expected = [0.0, 0.0, deltas[2]]
+        expected[1] = deltas[1] + gamma * lam * expected[2]
+        expected[0] = deltas[0] + gamma * lam * expected[1]
+        assert adv.dtype == dtype and ret.dtype == dtype
+        torch.testing.assert_close(adv, torch.tensor([expected], dtype=dtype, device=device), rtol=0, atol=1e-12)
+        torch.testing.assert_close(ret, adv + v, rtol=0, atol=0)
+
+
 def test_single_step_window(device):
     r, v, last = tensors(device, [[2.0], [3.0]], [[1.0], [1.0]], [4.0, 4.0])
     term = torch.tensor([[False], [True]], device=device)

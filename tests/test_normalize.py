@@ -145,3 +145,13 @@ def test_disabled_normalizers_hand_back_their_inputs_untouched():
     assert ObservationNormalizer(2, torch.device("cpu"), enabled=False)(obs) is obs
     assert RewardScaler(3, 0.99, torch.device("cpu"), enabled=False)(rewards, torch.zeros(3, dtype=torch.bool)) \
         is rewards
+
+
+def test_a_reward_scaler_restores_its_running_returns_only_for_as_many_envs():
+    scaler = RewardScaler(3, 0.9, torch.device("cpu"))
+    scaler(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3, dtype=torch.bool))
+    same, fewer = RewardScaler(3, 0.9, torch.device("cpu")), RewardScaler(2, 0.9, torch.device("cpu"))
+    same.load_state_dict(scaler.state_dict())
+    fewer.load_state_dict(scaler.state_dict())  # a resume with another env count: statistics only
+    assert same.discounted_return.tolist() == [1.0, 2.0, 3.0] and fewer.discounted_return.tolist() == [0.0, 0.0]
+    assert fewer.rms.var.item() == scaler.rms.var.item()

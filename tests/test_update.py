@@ -381,6 +381,13 @@ def test_matmul_precision_is_checked_and_leaves_a_cpu_run_in_fp32():
         PPOSettings(matmul_precision="bf16")
     assert not set_matmul_precision(PPOSettings(matmul_precision="tf32"), torch.device("cpu"))
     assert not torch.backends.cuda.matmul.allow_tf32
+    try:  # a CUDA run sets torch's flag (settable without a GPU too)
+        assert set_matmul_precision(PPOSettings(matmul_precision="tf32"), torch.device("cuda"))
+        assert torch.backends.cuda.matmul.allow_tf32
+        assert not set_matmul_precision(PPOSettings(matmul_precision="ieee"), torch.device("cuda"))
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def test_explained_variance_matches_numpy_over_the_valid_samples_only():
@@ -442,16 +449,31 @@ def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
     assert not has_cxx_compiler()
 
 
+@pytest.mark.parametrize("name", ["g++", "c++", "clang++"])
+def test_each_usual_cxx_compiler_name_is_found_without_cxx_set(monkeypatch, tmp_path, name):
+    from ppo.update import has_cxx_compiler
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    compiler = tmp_path / name
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    assert has_cxx_compiler()
+
+
 @pytest.mark.parametrize("capturable", [False, True])
-@pytest.mark.parametrize("kl, expected", [(0.05, 1e-3 / 1.5), (0.001, 1.5e-3), (0.01, 1e-3)])
-def test_adaptive_learning_rate_follows_the_kl(capturable, kl, expected):
-    # threshold 0.01: above 0.02 the rate drops by 1.5, below 0.005 it rises by 1.5, else it stays.
+@pytest.mark.parametrize("threshold, kl, expected", [
+    (0.01, 0.05, 1e-3 / 1.5), (0.01, 0.001, 1.5e-3), (0.01, 0.01, 1e-3),
+    # the bounds, in numbers float32 holds exactly: 0.5 and 0.125 themselves leave the rate as it is
+    (0.25, 0.5, 1e-3), (0.25, 0.625, 1e-3 / 1.5), (0.25, 0.125, 1e-3), (0.25, 0.1, 1.5e-3)])
+def test_adaptive_learning_rate_follows_the_kl(capturable, threshold, kl, expected):
+    # Above twice the threshold the rate drops by 1.5, below half of it it rises by 1.5, else it stays.
     from ppo.update import adapt_learning_rate, current_learning_rate
 
     agent = Agent(5, 2)
     lr = torch.tensor(1e-3) if capturable else 1e-3
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, capturable=capturable)
-    adapt_learning_rate(optimizer, torch.tensor(kl), threshold=0.01)
+    adapt_learning_rate(optimizer, torch.tensor(kl), threshold=threshold)
     assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor) == capturable
     assert current_learning_rate(optimizer).item() == pytest.approx(expected, rel=1e-6)
 
