@@ -123,7 +123,8 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1"])
 def test_a_signal_before_training_starts_removes_the_new_run_dir(tmp_path, signum):
     name = signal.Signals(signum).name
     result = subprocess.run([sys.executable, "-c", SIGNAL_DURING_START_UP.format(name=name), *TINY,
