@@ -35,9 +35,10 @@ from ppo.envs import check_env_id, observation_action_size
 from ppo.run import records as run_records
 from ppo.run.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from ppo.run.resources import check_resources
-from ppo.run.signals import StopOnSignal, interrupt_on_signals
+from ppo.run.signals import EXIT_REFUSED, StopOnSignal, interrupt_on_signals
 
 ROOT = Path(__file__).resolve().parent
+
 
 def _save_record_or_refuse(save):
     """Hydra's writer of a run dir's `.hydra/` record (config, hydra, overrides), wrapped: where the disk is
@@ -51,7 +52,7 @@ def _save_record_or_refuse(save):
             removed = run_records.discard_if_new(run_dir)
             print(f"error: cannot write the run's record {Path(output_dir) / filename}: {error.strerror or error}"
                   + (f"; its new run dir was removed ({run_dir})" if removed else ""), file=sys.stderr, flush=True)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
 
     return saved
 
@@ -125,16 +126,16 @@ def claim_run_dir(run_dir: str, resume: str | None) -> None:
         run_records.claim(run_dir)
     except run_records.RunDirInUse as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     except OSError as error:
         print(f"error: run dir {run_dir} cannot be made or written: {error.strerror} (hydra.run.dir)", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     try:
         run_records.check_not_another_runs(run_dir, resume)
     except run_records.AnotherRunsDir as error:
         run_records.release(run_dir)
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
 
 
 @contextlib.contextmanager
@@ -170,7 +171,7 @@ class Sweep(Callback):
         if not str(config.hydra.sweep.dir).strip():
             print("error: hydra.sweep.dir is empty: give the sweep a dir of its own (or leave it to the default)",
                   file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
         sweeper = config.hydra.sweeper._target_
         grid = sweeper == f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
         if grid:
@@ -215,7 +216,7 @@ class Sweep(Callback):
                          "range)")
             print(f"error: {len(failed)} of {len(jobs)} {what} fail their checks, so {none_started}:", *shown,
                   sep="\n", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         """After the last job: where the runs are, and the command that ranks them. Hydra itself ends a
@@ -265,11 +266,11 @@ class RunDirLock(Callback):
         except OmegaConfBaseException as error:  # Hydra would fail too, in a traceback of its own formatting
             print(f"error: hydra.run.dir={OmegaConf.to_container(config.hydra.run)['dir']} does not resolve: "
                   f"{str(error).splitlines()[0]}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
         if not str(run_dir).strip():  # else the run's files would land in the working directory, unannounced
             print("error: hydra.run.dir is empty: give the run a dir of its own (or leave it to the default)",
                   file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
         resume = OmegaConf.select(config, "resume", default=None)  # the settings' checks come later
         claim_run_dir(str(run_dir), None if resume is None else str(resume))
 
@@ -396,7 +397,7 @@ def check_command_line(arguments: list[str]) -> None:
                 check_setting_key(key)
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
 
 
 def check_config_file(group: str, files: list[str], override: Override) -> None:
