@@ -16,10 +16,11 @@ from tests.conftest import ROOT
 
 def fake_run(path: Path, task: str, seed: int, final_return: float, budget: float = 10_000,
              overrides: tuple[str, ...] = (), hardware: str = "test box", simulator: str | None = None,
-             iteration: int = 1000) -> None:
-    """Ten iterations of `iteration` steps: 20 episodes each, returns rising to `final_return`."""
+             iteration: int = 1000, started: float | None = None, seconds_per_iteration: float = 10.0) -> None:
+    """Ten iterations of `iteration` steps: 20 episodes each, returns rising to `final_return`; with `started`
+    (the command's start), iteration i logged `seconds_per_iteration` x i seconds after it."""
     path.mkdir(parents=True)
-    info = {"env_id": task, "seed": seed, "hardware": hardware}
+    info = {"env_id": task, "seed": seed, "hardware": hardware, **({"started": started} if started else {})}
     if simulator is not None:
         info["simulator"] = simulator
     (path / "run_info.json").write_text(json.dumps(info))
@@ -29,10 +30,34 @@ def fake_run(path: Path, task: str, seed: int, final_return: float, budget: floa
     writer = SummaryWriter(str(path))
     for i in range(1, 11):
         step = i * iteration
-        writer.add_scalar("charts/episodic_return", final_return * i / 10, step)
-        writer.add_scalar("charts/episodes", 20, step)
-        writer.add_scalar("charts/SPS", 1000.0, step)
+        wall = started + seconds_per_iteration * i if started else None
+        writer.add_scalar("charts/episodic_return", final_return * i / 10, step, walltime=wall)
+        writer.add_scalar("charts/episodes", 20, step, walltime=wall)
+        writer.add_scalar("charts/SPS", 1000.0, step, walltime=wall)
     writer.close()
+
+
+def test_the_time_to_the_reference_is_the_slowest_seeds_and_the_gymnasium_score_is_averaged_over_seeds(tmp_path):
+    # Hopper-v4 at 10M against Sample Factory's 2793: returns rise by a tenth of 4000 an iteration, so each
+    # seed first reaches it at iteration 7 (2800), 70 s after its command at 10 s an iteration, 105 s at 15.
+    for seed, pace in ((1, 10.0), (2, 15.0)):
+        run = tmp_path / "runs" / f"hopper{seed}"
+        fake_run(run, "Hopper-v4", seed, 4000.0, budget=10_000_000, iteration=1_000_000, started=1e9,
+                 seconds_per_iteration=pace)
+        (run / summarize_results.GYMNASIUM_EVALUATION).write_text(json.dumps({"returns": [3000.0 + 100 * seed] * 10}))
+    fake_run(tmp_path / "runs" / "walker", "Walker2d-v4", 1, 4000.0, budget=10_000_000, iteration=1_000_000,
+             started=1e9)  # never reaches Sample Factory's 5488, and was not evaluated
+    out = tmp_path / "docs"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_results.py"), str(tmp_path / "runs"), "--out",
+                    str(out)], check=True, capture_output=True, text=True)
+    rows = {r["task"]: r for r in csv.DictReader((out / "results" / "baselines.csv").open())}
+    assert float(rows["Hopper-v4"]["seconds_to_reference"]) == pytest.approx(105.0, abs=0.05)
+    assert float(rows["Hopper-v4"]["gymnasium_eval_mean"]) == 3150.0
+    assert float(rows["Hopper-v4"]["gymnasium_eval_std"]) == 50.0
+    assert rows["Walker2d-v4"]["seconds_to_reference"] == "" and rows["Walker2d-v4"]["gymnasium_eval_mean"] == ""
+    page = (out / "results.md").read_text()
+    assert "| Hopper-v4 | 10,000,000 | 2 | 3200.0 | 0.0 | 2793 (Sample Factory) | 105.0 | 3150.0 +- 50.0 |" in page
+    assert "| Walker2d-v4 | 10,000,000 | 1 | 3200.0 | 0.0 | 5488 (Sample Factory) | - | - |" in page
 
 
 def test_scores_are_the_last_100_episodes_averaged_over_seeds(tmp_path):
@@ -210,6 +235,36 @@ def test_reproduction_dry_run_lists_every_task_and_the_10m_ant():
     # the summary goes beside the runs: docs/results.md (every machine's runs, and notes) stays as it is
     runs = str(ROOT / "multirun" / "baselines")
     assert lines[2].split()[-3:] == [runs, "--out", runs]
+
+
+def test_the_mujoco_warp_reproduction_runs_each_preset_at_10m_in_a_process_of_its_own(tmp_path):
+    # Five tasks x 3 seeds, one train.py a run (its time counts from its own command), each followed by its
+    # gymnasium evaluation; a finished run is not run again (the runs accumulate, part by part); the
+    # summary covers them all.
+    finished = tmp_path / "mjwarp_10M" / "Ant-v4_seed2"
+    finished.mkdir(parents=True)
+    (finished / "train.log").write_text("[2026-12-07 10:00:00] finished at step 10,027,008 after 1m40s: ...\n")
+    result = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--backend", "mjwarp", "--dry-run",
+                             "--device", "cuda", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    trains = [line.split() for line in result.stdout.splitlines() if " train.py " in line]
+    evaluations = [line.split() for line in result.stdout.splitlines() if "scripts/evaluate.py" in line]
+    presets = {"HalfCheetah": "mjwarp_half_cheetah", "Hopper": "mjwarp_hopper", "Walker2d": "mjwarp_walker2d",
+               "Ant": "mjwarp_ant", "Humanoid": "mjwarp_humanoid"}
+    expected = [(task, seed) for task in presets for seed in (1, 2, 3) if (task, seed) != ("Ant", 2)]
+    assert [(w[w.index("train.py") + 2].split("=")[1].split("-")[0], int(w[w.index("train.py") + 3][5:]))
+            for w in trains] == expected
+    for words in trains:
+        task = words[words.index("train.py") + 2].split("=")[1]
+        assert words[words.index("train.py") + 1] == f"+experiment={presets[task.split('-')[0]]}"
+        assert "total_timesteps=10000000" in words and "device=cuda" in words and task.endswith("-v4")
+    assert len(evaluations) == 15 and all("--backend" in w and "gymnasium" in w and "--json" in w for w in evaluations)
+    assert "# " + str(finished) + " holds a finished run: not run again" in result.stdout
+    assert result.stdout.splitlines()[-1].split()[-3:] == [str(tmp_path), "--out", str(tmp_path)]
+    refused = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--backend", "mjwarp", "--dry-run",
+                              "--tasks", "Ant-v5", "InvertedPendulum-v4", "Hopper-v4"], cwd=ROOT, capture_output=True,
+                             text=True)
+    assert refused.returncode == 0  # every task with a preset: v5 ids and InvertedPendulum too
 
 
 def test_reproduction_takes_another_10m_experiment_and_rejects_unknown_ones():
