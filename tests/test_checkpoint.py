@@ -152,7 +152,8 @@ def test_the_first_observations_of_a_resumed_run_are_normalised_not_folded_in_ag
     register_toy_envs()
     envs = make_envs(EnvSettings(id=TOY_ID, num_envs=2, backend="gymnasium"), CPU, seed=0)
     normalizer = ObservationNormalizer(1, CPU)
-    Collector(envs, KnownPolicy(), normalizer, RewardScaler(2, 0.99, CPU), CPU, seed=0, resumed=resumed)
+    Collector(envs, KnownPolicy(), normalizer, RewardScaler(2, 0.99, CPU), CPU, seed=0,
+              **({"resumed": True} if resumed else {}))  # a fresh collector by default
     envs.close()
     assert normalizer.rms.count.item() == pytest.approx(1e-4 if resumed else 2 + 1e-4)
 
@@ -376,3 +377,42 @@ def test_a_part_torch_refuses_to_restore_is_named():
     older = training_state(settings, 0, 0, agent, optimizer, normalizers, generator, [["", [5]]])
     del older["value_normalizer"]  # from before value normalisation: restores without it
     restore_training_state(older, agent, optimizer, normalizers, generator)
+
+
+@pytest.mark.parametrize(("part", "damage"), [
+    ("optimizer", lambda state: state["optimizer"]["param_groups"].clear()),
+    ("torch_rng", lambda state: state.update(torch_rng=state["torch_rng"][:8])),
+    ("numpy_rng", lambda state: state.update(numpy_rng={**state["numpy_rng"], "keys": torch.zeros(3, dtype=torch.int64)})),
+    ("python_rng", lambda state: state.update(python_rng=(3, (1, 2), None)))])
+def test_each_part_that_does_not_restore_is_named(saved, part, damage):
+    from ppo.config import ConfigError
+
+    state = torch.load(saved, weights_only=True)
+    damage(state)
+    settings, agent, optimizer, normalizers, generator = fresh_run_state(3)
+    with pytest.raises(ConfigError, match=rf"^resume: the checkpoint's `{part}` does not restore \(.*\): a damaged "
+                                          "or edited file$"):
+        restore_training_state(state, agent, optimizer, normalizers, generator)
+
+
+def test_a_model_of_another_shape_is_refused_as_the_resumes_own_words_say(saved):
+    from ppo.config import ConfigError
+
+    state = torch.load(saved, weights_only=True)
+    _, _, optimizer, normalizers, generator = fresh_run_state(3)
+    with pytest.raises(ConfigError, match=r"^resume: the checkpoint's model does not fit this env/model config "
+                                          r"\(size mismatch for "):
+        restore_training_state(state, Agent(7, 2), optimizer, normalizers, generator)
+
+
+def test_a_checkpoint_goes_into_a_run_dir_not_made_yet(tmp_path):
+    path = save_checkpoint(tmp_path / "runs" / "new", {"x": torch.ones(2)})
+    assert path == tmp_path / "runs" / "new" / "checkpoints" / "last.pt" and path.is_file()
+
+
+def test_a_run_at_its_very_start_is_a_whole_checkpoint(saved):
+    from ppo.run.checkpoint import wrong_contents
+
+    state = torch.load(saved, weights_only=True)
+    state.update(iteration=0, global_step=0, generator=torch.tensor([7], dtype=torch.uint8))
+    assert wrong_contents(state) is None  # zero counts, and a random state of any non-empty length, pass the form

@@ -540,3 +540,126 @@ def test_mujoco_warnings_print_once_to_stderr_and_leave_no_log_file(tmp_path, mo
     assert [line for line in err.splitlines() if "QPOS" in line] == [
         "MuJoCo warning: Nan, Inf or huge value in QPOS at DOF 0. The simulation is unstable. Time = 0.0000."]
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_episode_statistics_and_the_buffer_are_made_on_the_runs_device_in_their_own_dtypes():
+    # The "meta" device stands for a GPU: every tensor is made on the device given, in the dtype it needs,
+    # whatever torch's default dtype.
+    from ppo.collect import EpisodeStats
+
+    meta, default = torch.device("meta"), torch.get_default_dtype()
+    for dtype in (torch.float32, torch.float64):
+        torch.set_default_dtype(dtype)
+        try:
+            stats = EpisodeStats(3, meta)
+            buffer = RolloutBuffer(4, 3, 5, 2, meta)
+        finally:
+            torch.set_default_dtype(default)
+        assert [(t.device, t.dtype) for t in (stats.returns, stats.lengths, stats.finished)] == [
+            (meta, torch.float64), (meta, torch.int64), (meta, torch.float64)]
+        floats = ("observations", "actions", "log_probs", "values", "rewards", "bootstrap_values", "advantages",
+                  "returns")
+        assert all(getattr(buffer, name).device == meta and getattr(buffer, name).dtype == torch.float32
+                   for name in floats)
+        assert all(getattr(buffer, name).dtype == torch.bool and getattr(buffer, name).device == meta
+                   for name in ("terminateds", "truncateds", "valid"))
+        assert buffer.table.data.device == meta and buffer.table.data.dtype == torch.float32
+        order = buffer.shuffled_order(2, torch.Generator().manual_seed(0))  # drawn on the generator's device
+        assert order.device == meta and order.shape == (2, 6)
+
+
+def test_the_collectors_state_is_made_on_the_runs_device():
+    meta = torch.device("meta")
+
+    class MetaEnvs:  # the least of a VecEnv, on the device standing for a GPU
+        num_envs, obs_dim, act_dim = 3, 2, 1
+
+        def __init__(self):
+            self.members = [self]
+
+        def reset(self, seed):
+            return torch.zeros(3, 2, device=meta)
+
+    collector = Collector(MetaEnvs(), KnownPolicy(), ObservationNormalizer(2, meta), RewardScaler(3, GAMMA, meta), meta,
+                          seed=0)
+    assert collector.next_obs.device == collector.next_is_dummy.device == collector.episodes.returns.device == meta
+
+
+def test_a_fresh_collector_folds_its_first_observations_into_the_statistics():
+    register_toy_envs()
+    device = torch.device("cpu")
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=2, backend="gymnasium"), device, seed=0)
+    normalizer = ObservationNormalizer(1, device)
+    Collector(envs, KnownPolicy(), normalizer, RewardScaler(2, GAMMA, device), device, seed=0)
+    envs.close()
+    assert normalizer.rms.count.item() == pytest.approx(2 + 1e-4)
+
+
+def test_the_collectors_clocks_add_up_the_simulators_time_and_the_rest():
+    # A simulator that takes 20 ms a step: env time holds it, inference time the rest, both only grow,
+    # and neither passes the wall clock.
+    import time
+
+    register_toy_envs()
+    device = torch.device("cpu")
+    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=2, backend="gymnasium"), device, seed=0)
+    step = envs.env.step
+
+    def slow(actions):
+        time.sleep(0.02)
+        return step(actions)
+
+    envs.env.step = slow
+
+    class SlowPolicy(KnownPolicy):  # 10 ms to act and 10 ms to value: inference time that adds up
+        def sample_action(self, obs):
+            time.sleep(0.01)
+            return super().sample_action(obs)
+
+        def get_value(self, obs):
+            time.sleep(0.01)
+            return super().get_value(obs)
+
+    collector = Collector(envs, SlowPolicy(), ObservationNormalizer(1, device), RewardScaler(2, GAMMA, device),
+                          device, seed=0)
+    buffer = RolloutBuffer(5, 2, 1, 1, device)
+    assert collector.env_seconds == collector.inference_seconds == 0.0
+    spans = []
+    for _ in range(2):
+        start = time.perf_counter()
+        collector.collect(buffer)
+        spans.append((time.perf_counter() - start, collector.env_seconds, collector.inference_seconds))
+    envs.close()
+    (wall1, env1, inference1), (wall2, env2, inference2) = spans
+    assert 0.1 <= env1 <= wall1 and 0.2 <= env2 <= wall1 + wall2 and env2 - env1 >= 0.1
+    # 5 steps of acting and valuing, and the value after the window: 110 ms at least a rollout
+    assert 0.11 <= inference1 and inference2 - inference1 >= 0.11 and env1 + inference1 <= wall1
+    assert env2 + inference2 <= wall1 + wall2
+
+
+def test_a_truncation_on_a_windows_last_step_is_bootstrapped_in_the_next_window_and_a_termination_is_not():
+    # Windows of 5 steps: the toy chain's second episode is cut by its time limit at step 5, the first step of
+    # the second window, whose dummy step (6) sees the final observation (c = 3): V = 13. Windows of 2: its
+    # first episode terminates at step 1, a window's last step: nothing after it counts (bootstrap 0).
+    register_toy_envs()
+    device = torch.device("cpu")
+    for window, checks in ((5, "truncation"), (2, "termination")):
+        envs = make_envs(EnvSettings(id=TOY_ID, num_envs=1, backend="gymnasium"), device, seed=0)
+        collector = Collector(envs, KnownPolicy(), ObservationNormalizer(1, device, enabled=False),
+                              RewardScaler(1, GAMMA, device, enabled=False), device, seed=0)
+        first, second = RolloutBuffer(window, 1, 1, 1, device), RolloutBuffer(window, 1, 1, 1, device)
+        collector.collect(first)
+        collector.collect(second)
+        envs.close()
+        if checks == "truncation":
+            assert second.truncateds[0, 0] and second.bootstrap_values[0, 0].item() == 13.0
+        else:
+            assert first.terminateds[-1, 0] and first.bootstrap_values[-1, 0].item() == 0.0
+            assert not first.terminateds[0, 0]
+
+
+def test_advantages_of_two_valid_samples_normalise_with_bessels_correction():
+    from buffers import normalized_advantages
+
+    out = normalized_advantages(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 0.0]))
+    torch.testing.assert_close(out, torch.tensor([-(0.5**0.5), 0.5**0.5, 0.0]))  # mean 2, std sqrt(2)

@@ -161,3 +161,16 @@ def test_a_non_finite_number_stays_in_its_own_episode(device, num_envs, num_step
     assert not torch.isfinite(adv[affected]).any()
     torch.testing.assert_close(adv[~affected], expected_adv[~affected])
     torch.testing.assert_close(ret[~affected], expected_ret[~affected])
+
+
+def test_the_reference_computes_on_the_device_of_its_inputs():
+    # "meta" stands for a GPU: the scan's state is made where the values are (the oracle runs on CUDA too).
+    from kernels.reference import gae_reference
+
+    meta = torch.device("meta")
+    shape = (3, 4)
+    rewards, values = torch.zeros(shape, device=meta), torch.zeros(shape, device=meta)
+    flags = torch.zeros(shape, dtype=torch.bool, device=meta)
+    advantages, returns = torch.empty(shape, device=meta), torch.empty(shape, device=meta)
+    gae_reference(rewards, values, flags, flags, torch.zeros(shape, device=meta), None, 0.9, 0.9, advantages, returns)
+    assert advantages.device == returns.device == meta

@@ -155,3 +155,54 @@ def test_a_reward_scaler_restores_its_running_returns_only_for_as_many_envs():
     fewer.load_state_dict(scaler.state_dict())  # a resume with another env count: statistics only
     assert same.discounted_return.tolist() == [1.0, 2.0, 3.0] and fewer.discounted_return.tolist() == [0.0, 0.0]
     assert fewer.rms.var.item() == scaler.rms.var.item()
+
+
+def test_the_statistics_are_float64_on_the_runs_device_whatever_torchs_default_dtype():
+    # The "meta" device stands for a GPU here: every tensor must be made on the device it is given.
+    meta, default = torch.device("meta"), torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if default == torch.float32 else torch.float32)
+    try:
+        parts = [RunningMeanStd((3,), meta), ObservationNormalizer(3, meta).rms, RewardScaler(4, 0.9, meta).rms,
+                 ValueNormalizer(meta).rms]
+        tensors = [t for rms in parts for t in (rms.mean, rms.var, rms.count)]
+        scaler, values = RewardScaler(4, 0.9, meta), ValueNormalizer(meta)
+        tensors.append(scaler.discounted_return)
+        assert all(t.device == meta and t.dtype == torch.float64 for t in tensors)
+        assert values.mean.device == meta and values.std.device == meta
+    finally:
+        torch.set_default_dtype(default)
+
+
+def test_a_constant_stream_normalises_to_finite_numbers():
+    # A million identical observations (and returns): the variance falls near zero, and the 1e-8 beside it
+    # keeps the square root real.
+    cpu = torch.device("cpu")
+    normalizer = ObservationNormalizer(1, cpu)
+    out = normalizer(torch.full((1_000_000, 1), 5.0))
+    assert torch.isfinite(out).all() and out.abs().max().item() < 1e-3
+    scaler = RewardScaler(1_000_000, 0.9, cpu)
+    assert torch.isfinite(scaler(torch.zeros(1_000_000), torch.zeros(1_000_000, dtype=torch.bool))).all()
+    values = ValueNormalizer(cpu)
+    values.update(torch.full((1_000_000,), 3.0), torch.ones(1_000_000, dtype=torch.bool))
+    assert torch.isfinite(values.std) and values.std.item() > 0
+
+
+def test_the_weighted_statistics_of_a_single_sample_and_of_a_small_spread_are_those_of_the_samples():
+    g = torch.Generator().manual_seed(5)
+    cases = [(torch.tensor([[4.0], [9.0]]), torch.tensor([1.0, 0.0])),  # one sample of weight 1
+             (torch.randn(50, 2, generator=g) * 0.01, torch.rand(50, generator=g) > 0.3)]  # variance far below 1
+    for batch, weights in cases:
+        weighted, selected = RunningMeanStd(batch.shape[1:], torch.device("cpu")), RunningMeanStd(
+            batch.shape[1:], torch.device("cpu"))
+        weighted.update(batch, weights.float())
+        selected.update(batch[weights > 0])
+        for name in ("mean", "var", "count"):
+            torch.testing.assert_close(getattr(weighted, name), getattr(selected, name), rtol=1e-9, atol=1e-12)
+
+
+def test_large_rewards_of_either_sign_are_clipped():
+    scaler = RewardScaler(2, 0.9, torch.device("cpu"), clip=3.0)
+    scaler(torch.tensor([1.0, -1.0]), torch.zeros(2, dtype=torch.bool))
+    scaler.frozen = True  # statistics of rewards near 1: a million is far outside them, either way
+    out = scaler(torch.tensor([1e6, -1e6]), torch.zeros(2, dtype=torch.bool))
+    assert out.tolist() == [3.0, -3.0]

@@ -580,3 +580,134 @@ def test_compiled_cpu_code_cached_for_another_vector_width_is_not_reused(tmp_pat
                                 text=True, timeout=600)
         assert result.returncode == 0 and result.stdout.strip() == "same as eager", (
             f"ATEN_CPU_CAPABILITY={capability}: exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}")
+
+
+def reference_update(agent: Agent, buffer, settings: PPOSettings, generator: torch.Generator) -> dict:
+    """The update written out plainly, for `ppo_update` to be held to: its own Adam (eps 1e-5), the epochs'
+    permutations drawn as the buffer draws them, clipping, per-epoch KL adaptation and the target-KL stop;
+    each statistic the mean over the minibatches run."""
+    import numpy as np
+
+    from ppo.update import MAX_ADAPTIVE_LR, MIN_ADAPTIVE_LR
+
+    optimizer = torch.optim.Adam(agent.parameters(), lr=settings.learning_rate, eps=1e-5)
+    table = buffer.sample_table(settings.norm_adv == "batch")
+    seen, epochs, epoch_kls, last_kls = [], 0, [], []
+    for _ in range(settings.update_epochs):
+        size = buffer.num_steps * buffer.num_envs
+        order = torch.randperm(size, generator=generator).view(settings.num_minibatches, -1)
+        epoch = []
+        for rows in order:
+            loss, stats = ppo_loss(agent, table.select(rows), settings)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(agent.parameters()), settings.max_grad_norm)
+            optimizer.step()
+            epoch.append(stats)
+        seen += epoch
+        epochs += 1
+        kl = float(torch.stack(epoch)[:, 3].mean())
+        epoch_kls.append(kl)
+        last_kls.append(float(epoch[-1][3]))
+        if settings.adaptive_lr_kl is not None:
+            lr = optimizer.param_groups[0]["lr"]
+            if kl > 2 * settings.adaptive_lr_kl:
+                lr = max(lr / 1.5, MIN_ADAPTIVE_LR)
+            elif kl < settings.adaptive_lr_kl / 2:
+                lr = min(lr * 1.5, MAX_ADAPTIVE_LR)
+            optimizer.param_groups[0]["lr"] = lr
+        if settings.target_kl is not None and float(epoch[-1][3]) > settings.target_kl:
+            break
+    valid = buffer.valid.reshape(-1).numpy()
+    returns, values = buffer.returns.reshape(-1).numpy()[valid], buffer.values.reshape(-1).numpy()[valid]
+    result = dict(zip(STAT_NAMES, torch.stack(seen).mean(0), strict=True))
+    result["explained_variance"] = 1 - np.var(returns - values) / np.var(returns)
+    result["epochs"], result["lr"] = epochs, optimizer.param_groups[0]["lr"]
+    result["epoch_kls"], result["last_kls"] = epoch_kls, last_kls
+    return result
+
+
+@pytest.mark.parametrize("norm_adv, minibatches, epochs, adaptive, target_kl", [
+    ("batch", 4, 3, None, None), ("minibatch", 4, 2, 0.001, None), ("batch", 1, 1, None, None),
+    ("minibatch", 2, 3, None, 1e-9), ("off", 4, 2, 100.0, None)])
+def test_the_update_is_the_plainly_written_update(norm_adv, minibatches, epochs, adaptive, target_kl, monkeypatch):
+    import ppo.update
+    from ppo.update import current_learning_rate, make_optimizer, ppo_update
+
+    # What the adaptive rule and the target-KL stop are given: each epoch's mean KL, and its last KL.
+    adapted, stopped_on = [], []
+    adapt = ppo.update.adapt_learning_rate
+    monkeypatch.setattr(ppo.update, "adapt_learning_rate",
+                        lambda optimizer, kl, threshold: adapted.append(float(kl)) or adapt(optimizer, kl, threshold))
+    monkeypatch.setattr(ppo.update.distributed, "mean_over_workers", lambda x: stopped_on.append(float(x)) or x)
+
+    settings = PPOSettings(num_minibatches=minibatches, update_epochs=epochs, norm_adv=norm_adv,
+                           adaptive_lr_kl=adaptive, target_kl=target_kl, learning_rate=1e-3, ent_coef=0.01)
+    torch.manual_seed(0)
+    ours, theirs = Agent(5, 2), Agent(5, 2)
+    theirs.load_state_dict(ours.state_dict())
+    buffer = filled_buffer(2, num_steps=8, num_envs=6)
+    buffer.returns.mul_(0.1)  # returns of a variance well below 1
+    optimizer = make_optimizer(ours, settings, torch.device("cpu"), graphs=False)
+    result = ppo_update(ours, optimizer, buffer, settings, torch.Generator().manual_seed(4))
+    expected = reference_update(theirs, buffer, settings, torch.Generator().manual_seed(4))
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for name in STAT_NAMES:
+        torch.testing.assert_close(result[name], expected[name], rtol=1e-5, atol=1e-7)
+    assert result["explained_variance"].item() == pytest.approx(expected["explained_variance"], rel=1e-4)
+    assert result["epochs"].item() == expected["epochs"] == (1 if target_kl else epochs)
+    assert current_learning_rate(optimizer).item() == pytest.approx(expected["lr"], rel=1e-6)
+    if adaptive:
+        assert expected["lr"] != 1e-3  # the rate moved
+        assert adapted == pytest.approx(expected["epoch_kls"], rel=1e-4, abs=1e-9)
+    if target_kl:
+        assert stopped_on == pytest.approx(expected["last_kls"], rel=1e-4, abs=1e-9)
+
+
+def test_a_minibatch_of_weight_one_counts_as_one_sample_and_a_dummys_stale_log_prob_does_nothing():
+    torch.manual_seed(0)
+    agent = Agent(5, 2)
+    one = random_minibatch(1, seed=3)
+    with_dummy = Minibatch(*(torch.cat([getattr(one, f), getattr(random_minibatch(1, seed=4), f)]) for f in
+                             ("observations", "actions", "log_probs", "values", "advantages", "returns")),
+                           weights=torch.tensor([1.0, 0.0]))
+    settings = PPOSettings(norm_adv="off")
+    loss_one, stats_one = ppo_loss(agent, one, settings)
+    loss_two, stats_two = ppo_loss(agent, with_dummy, settings)
+    torch.testing.assert_close(loss_one, loss_two)
+    torch.testing.assert_close(stats_one, stats_two)
+
+
+def test_the_loss_of_a_single_valid_sample_is_cleanrls_on_that_sample():
+    torch.manual_seed(1)
+    agent = Agent(5, 2)
+    settings = PPOSettings(norm_adv="off", ent_coef=0.01)
+    one = random_minibatch(1, seed=6)
+    torch.testing.assert_close(ppo_loss(agent, one, settings)[0], cleanrl_loss(agent, one, settings)[0])
+
+
+def test_the_clip_fraction_counts_ratios_strictly_outside_the_clip_range():
+    agent = Agent(5, 2)
+    mb = random_minibatch(2, seed=0)
+    _, log_prob, _, _ = agent.get_action_and_value(mb.observations, mb.actions)
+    mb.log_probs = log_prob.detach() - torch.log(torch.tensor([1.25, 1.0]))  # ratios 1.25 and exactly 1
+    _, stats = ppo_loss(agent, mb, PPOSettings(clip_coef=0.25, norm_adv="off"))
+    assert stats[STAT_NAMES.index("clipfrac")].item() == 0.0  # |1.25 - 1| is the clip range, not outside it
+    _, stats = ppo_loss(agent, mb, PPOSettings(clip_coef=0.2, norm_adv="off"))
+    assert stats[STAT_NAMES.index("clipfrac")].item() == 0.5
+
+
+def test_when_the_update_compiles_and_which_loss_it_runs(monkeypatch):
+    import ppo.update
+    from ppo.update import CPU_COMPILE_MIN_STEPS, _loss_function, compiles, compiles_whole_step
+
+    monkeypatch.setattr(ppo.update, "has_cxx_compiler", lambda: True)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto = PPOSettings()
+    assert compiles(auto, cuda) and compiles(auto, cpu, CPU_COMPILE_MIN_STEPS)
+    assert not compiles(auto, cpu, CPU_COMPILE_MIN_STEPS - 1) and not compiles(auto, cpu)
+    assert compiles(PPOSettings(compile=True), cpu) and not compiles(PPOSettings(compile=False), cuda)
+    assert compiles_whole_step(PPOSettings(compile=True), cpu)
+    assert not compiles_whole_step(PPOSettings(compile=True), cuda) and not compiles_whole_step(auto, cpu)
+    assert _loss_function(PPOSettings(compile=False), cpu) is ppo_loss
