@@ -382,7 +382,8 @@ def test_a_part_torch_refuses_to_restore_is_named():
 @pytest.mark.parametrize(("part", "damage"), [
     ("optimizer", lambda state: state["optimizer"]["param_groups"].clear()),
     ("torch_rng", lambda state: state.update(torch_rng=state["torch_rng"][:8])),
-    ("numpy_rng", lambda state: state.update(numpy_rng={**state["numpy_rng"], "keys": torch.zeros(3, dtype=torch.int64)})),
+    ("numpy_rng", lambda state: state.update(numpy_rng={**state["numpy_rng"],
+                                                        "keys": torch.zeros(3, dtype=torch.int64)})),
     ("python_rng", lambda state: state.update(python_rng=(3, (1, 2), None)))])
 def test_each_part_that_does_not_restore_is_named(saved, part, damage):
     from ppo.config import ConfigError
