@@ -585,16 +585,6 @@ def test_the_collectors_state_is_made_on_the_runs_device():
     assert collector.next_obs.device == collector.next_is_dummy.device == collector.episodes.returns.device == meta
 
 
-def test_a_fresh_collector_folds_its_first_observations_into_the_statistics():
-    register_toy_envs()
-    device = torch.device("cpu")
-    envs = make_envs(EnvSettings(id=TOY_ID, num_envs=2, backend="gymnasium"), device, seed=0)
-    normalizer = ObservationNormalizer(1, device)
-    Collector(envs, KnownPolicy(), normalizer, RewardScaler(2, GAMMA, device), device, seed=0)
-    envs.close()
-    assert normalizer.rms.count.item() == pytest.approx(2 + 1e-4)
-
-
 def test_the_collectors_clocks_add_up_the_simulators_time_and_the_rest():
     # A simulator that takes 20 ms a step: env time holds it, inference time the rest, both only grow,
     # and neither passes the wall clock.

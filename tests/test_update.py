@@ -418,14 +418,18 @@ def test_set_learning_rate_keeps_a_capturable_tensor_and_floats_elsewhere():
     assert optimizer.param_groups[0]["lr"] is rate and abs(float(rate) - 2e-4) < 1e-9  # filled in place
 
 
-def test_compile_auto_means_cuda_and_long_cpu_runs(monkeypatch):
+def test_when_the_update_compiles_and_which_loss_it_runs(monkeypatch):
     from ppo import update
-    from ppo.update import CPU_COMPILE_MIN_STEPS, compiles
+    from ppo.update import CPU_COMPILE_MIN_STEPS, _loss_function, compiles, compiles_whole_step
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert compiles(PPOSettings(), cuda) and not compiles(PPOSettings(), cpu)
     monkeypatch.setattr(update, "has_cxx_compiler", lambda: True)
-    assert compiles(PPOSettings(), cpu, CPU_COMPILE_MIN_STEPS) and not compiles(PPOSettings(), cpu, 150_000)
+    assert compiles(PPOSettings(), cpu, CPU_COMPILE_MIN_STEPS)
+    assert not compiles(PPOSettings(), cpu, CPU_COMPILE_MIN_STEPS - 1)
+    assert compiles_whole_step(PPOSettings(compile=True), cpu)  # the whole step: on a CPU only, in one process
+    assert not compiles_whole_step(PPOSettings(compile=True), cuda) and not compiles_whole_step(PPOSettings(), cpu)
+    assert _loss_function(PPOSettings(compile=False), cpu) is ppo_loss
     monkeypatch.setattr(update, "has_cxx_compiler", lambda: False)  # nothing to build the CPU code with
     assert not compiles(PPOSettings(), cpu, 10 * CPU_COMPILE_MIN_STEPS)
     assert compiles(PPOSettings(compile=True), cpu, 1)
@@ -697,17 +701,3 @@ def test_the_clip_fraction_counts_ratios_strictly_outside_the_clip_range():
     _, stats = ppo_loss(agent, mb, PPOSettings(clip_coef=0.2, norm_adv="off"))
     assert stats[STAT_NAMES.index("clipfrac")].item() == 0.5
 
-
-def test_when_the_update_compiles_and_which_loss_it_runs(monkeypatch):
-    import ppo.update
-    from ppo.update import CPU_COMPILE_MIN_STEPS, _loss_function, compiles, compiles_whole_step
-
-    monkeypatch.setattr(ppo.update, "has_cxx_compiler", lambda: True)
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    auto = PPOSettings()
-    assert compiles(auto, cuda) and compiles(auto, cpu, CPU_COMPILE_MIN_STEPS)
-    assert not compiles(auto, cpu, CPU_COMPILE_MIN_STEPS - 1) and not compiles(auto, cpu)
-    assert compiles(PPOSettings(compile=True), cpu) and not compiles(PPOSettings(compile=False), cuda)
-    assert compiles_whole_step(PPOSettings(compile=True), cpu)
-    assert not compiles_whole_step(PPOSettings(compile=True), cuda) and not compiles_whole_step(auto, cpu)
-    assert _loss_function(PPOSettings(compile=False), cpu) is ppo_loss
