@@ -21,7 +21,7 @@ import examples.mjwarp_swimmer  # noqa: F401  (registers Swimmer-v5: held to gym
 from buffers import RolloutBuffer
 from ppo.collect import Collector
 from ppo.config import ConfigError, EnvSettings
-from ppo.envs import print_mujoco_warnings_once
+from ppo.envs import print_mujoco_warnings_once, simulator_version
 from ppo.envs.mjwarp_tasks import TASKS
 from ppo.normalize import ObservationNormalizer, RewardScaler
 from tests.conftest import ROOT
@@ -313,6 +313,24 @@ def test_evaluate_py_scores_a_policy_trained_elsewhere_on_mujoco_warp_worlds(tmp
                                 "2", "--num-envs", "2", "--backend", "mjwarp", "--device", "cpu"], cwd=ROOT,
                                capture_output=True, text=True, timeout=300)
     assert evaluated.returncode == 0 and "2 episodes: mean return" in evaluated.stdout, evaluated.stderr[-2000:]
+
+
+@needs_mjwarp
+def test_runs_record_the_simulator_versions_without_package_metadata(monkeypatch):
+    # A copy of Warp and MuJoCo Warp put on PYTHONPATH (as carried to an offline GPU host) has no
+    # dist-info; run_info.json must still say which build produced a result.
+    import importlib.metadata
+
+    import mujoco
+    import mujoco_warp
+    import warp
+
+    def no_metadata(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    assert simulator_version("mjwarp") == (
+        f"mujoco-warp {mujoco_warp.__version__}, warp-lang {warp.__version__}, MuJoCo {mujoco.__version__}")
 
 
 @needs_mjwarp

@@ -150,13 +150,13 @@ def cpu_notice(device: torch.device) -> str | None:
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+    # From the modules, not the installed distributions' metadata: a copy of the packages put on PYTHONPATH
+    # (as carried to an offline GPU host) has none.
+    import mujoco
+    import mujoco_warp
+    import warp
 
-    try:
-        return f"mujoco-warp {installed('mujoco-warp')}, warp-lang {installed('warp-lang')}"
-    except PackageNotFoundError:
-        return "mujoco-warp"
+    return f"mujoco-warp {mujoco_warp.__version__}, warp-lang {warp.__version__}, MuJoCo {mujoco.__version__}"
 
 
 def load_model(task: Task, env_id: str = "the task"):
