@@ -387,3 +387,28 @@ def test_compare_leaves_a_config_change_unpaired_where_its_baseline_is_ambiguous
     before = [("Hopper-v4", 10), ("Hopper-v4 ppo.gamma=0.9", 10), ("Ant-v4", 10)]
     after = [("Hopper-v4 ppo.learning_rate=0.001", 10), ("Ant-v4", 10), ("Ant-v4", 20)]
     assert pair_up(before, after) == [("Ant-v4", "Ant-v4", 10)]
+
+
+def test_time_to_score_by_task_measures_each_run_against_its_tasks_published_score(tmp_path):
+    # Hopper-v4 at 10M against Sample Factory's 2793: returns rise by 400 an iteration, so it is reached at
+    # iteration 7 (2800), 70 s after the command; Walker2d's 5488 is never reached; no reference at 12,345 steps.
+    import torch
+
+    runs = []
+    for task, budget, final in (("Hopper-v4", 10_000_000, 4000.0), ("Walker2d-v4", 10_000_000, 4000.0),
+                                ("Hopper-v4", 12_345, 4000.0)):
+        run = tmp_path / f"{task}_{budget}"
+        fake_run(run, task, 1, final, budget=budget, iteration=1_000_000, started=1e9)
+        (run / "checkpoints").mkdir()
+        torch.save({"settings": {"env": {"id": task, "backend": "mjwarp", "num_envs": 1024},
+                                 "total_timesteps": budget}}, run / "checkpoints" / "last.pt")
+        runs.append(str(run))
+    out = tmp_path / "seconds.png"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_time_to_score.py"), *runs, "--by-task",
+                             "--out", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("first >= 2793 at step 7,000,000, 70 s")
+    assert lines[1].endswith("never >= 5488")
+    assert lines[2].endswith("return 4000.0 at step 10,000,000, 100 s")  # no published score at that budget
+    assert out.stat().st_size > 0
