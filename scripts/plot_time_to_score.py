@@ -68,7 +68,8 @@ def target(run: Curve, score: float | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run dirs (with run_info.json, train.log and TensorBoard events)")
-    parser.add_argument("--out", help="the PNG to write (two panels: against seconds, against steps; --by-task: a panel per task)")
+    parser.add_argument("--out", help="the PNG to write (two panels: against seconds, against steps; "
+                                      "--by-task: a panel per task)")
     parser.add_argument("--score", type=float, help="say when each run's return first reached this")
     parser.add_argument("--by-task", action="store_true",
                         help="one panel per task against seconds, with the task's published score at the runs' budget")

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -412,3 +413,63 @@ def test_time_to_score_by_task_measures_each_run_against_its_tasks_published_sco
     assert lines[1].endswith("never >= 5488")
     assert lines[2].endswith("return 4000.0 at step 10,000,000, 100 s")  # no published score at that budget
     assert out.stat().st_size > 0
+
+
+def side_by_side(tmp_path, monkeypatch, fails: str | None) -> tuple[list[list[str]], pytest.ExceptionInfo | None]:
+    """`--backend mjwarp --jobs 2` over Hopper and Ant x seeds 1-2 with faked commands; the run named by
+    `fails` ("Hopper-v4 seed=2") fails at once, every other command takes 0.2 s."""
+    import threading
+    import time
+
+    import reproduce_baselines
+    ran, lock = [], threading.Lock()
+
+    def fake_run(command, cwd, stdout=None, stderr=None):
+        with lock:
+            ran.append(command)
+        if fails and f"env={fails.split()[0]}" in command and fails.split()[1] in command:
+            return subprocess.CompletedProcess(command, returncode=5)
+        time.sleep(0.2)
+        if stdout is not None:
+            stdout.write(f"ran {command[1]}\n")
+        return subprocess.CompletedProcess(command, returncode=0)
+
+    monkeypatch.setattr(reproduce_baselines.subprocess, "run", fake_run)
+    monkeypatch.setattr(reproduce_baselines, "mps_is_running", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["reproduce_baselines.py", "--backend", "mjwarp", "--device", "cpu", "--jobs", "2",
+                                      "--tasks", "Hopper-v4", "Ant-v4", "--seeds", "1", "2",
+                                      "--out", str(tmp_path / "runs")])
+    if fails is None:
+        reproduce_baselines.main()
+        return ran, None
+    with pytest.raises(SystemExit) as stopped:
+        reproduce_baselines.main()
+    return ran, stopped
+
+
+def test_side_by_side_runs_evaluate_each_run_after_its_training_then_summarise(tmp_path, monkeypatch):
+    ran, _ = side_by_side(tmp_path, monkeypatch, fails=None)
+    runs = [f"{task}_seed{seed}" for task in ("Hopper-v4", "Ant-v4") for seed in (1, 2)]
+    for run in runs:
+        steps = [c[1] for c in ran if any(word.endswith(run) for word in c)]
+        assert steps == ["train.py", "scripts/evaluate.py"], (run, steps)
+        assert (tmp_path / "runs" / "mjwarp_10M" / "logs" / f"{run}.log").read_text() == (
+            "ran train.py\nran scripts/evaluate.py\n")
+    assert ran[-1][1] == "scripts/summarize_results.py" and len(ran) == 9
+
+
+def test_side_by_side_runs_start_nothing_after_a_failure_and_name_it_in_one_line(tmp_path, monkeypatch):
+    # Hopper seed 2 fails at once, while Hopper seed 1 trains: seed 1 is not evaluated, the Ant runs never
+    # start, no summary is written, and one line names the command and its log.
+    ran, stopped = side_by_side(tmp_path, monkeypatch, fails="Hopper-v4 seed=2")
+    assert [(c[1], c[3], c[4]) for c in ran] in (
+        [("train.py", "env=Hopper-v4", "seed=1"), ("train.py", "env=Hopper-v4", "seed=2")],
+        [("train.py", "env=Hopper-v4", "seed=2"), ("train.py", "env=Hopper-v4", "seed=1")])
+    assert re.match(r"error: .*train\.py .*env=Hopper-v4 seed=2 .* exited with status 5 \(its output: "
+                    r".*Hopper-v4_seed2\.log\); no run started after it$", str(stopped.value))
+
+
+def test_jobs_is_refused_for_the_cpu_baselines():
+    result = subprocess.run([sys.executable, "scripts/reproduce_baselines.py", "--jobs", "2", "--dry-run"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--jobs must be 1, or more with --backend mjwarp" in result.stderr
