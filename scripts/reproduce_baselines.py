@@ -135,7 +135,11 @@ def run_side_by_side(runs: list[tuple[Path, list[list[str]]]], jobs: int, logs: 
             print(f"# done: {log.stem}", flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(run_chain, runs))
+        try:
+            list(pool.map(run_chain, runs))
+        except KeyboardInterrupt:  # the runs got the Ctrl-C too and end after their iteration; start no more
+            with lock:
+                failed.insert(0, "Ctrl-C: the running runs stopped after their iteration (run again to redo them)")
     if failed:
         sys.exit(f"error: {failed[0]}; no run started after it")
 
