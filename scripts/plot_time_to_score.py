@@ -131,10 +131,10 @@ def by_task(plt, curves: list[Curve], score: float | None) -> None:
         for run in runs:
             _, seconds, values = zip(*run.points, strict=True)
             axes.plot(seconds, values, linewidth=1, label=run.name)
-        public = reference(task, runs[0].budget)
-        if score is not None or public:
-            axes.axhline(score if score is not None else public[0], color="black", linestyle="--", linewidth=1,
-                         label=f"{score:g}" if score is not None else f"{public[1]}, {runs[0].budget / 1e6:g}M")
+        if (line := target(runs[0], score)) is not None:
+            public = reference(task, runs[0].budget)
+            label = f"{score:g}" if score is not None else f"{public[1]}, {runs[0].budget / 1e6:g}M"
+            axes.axhline(line, color="black", linestyle="--", linewidth=1, label=label)
         axes.set_title(task, fontsize=10)
         axes.set_xlabel(SECONDS, fontsize=7)
         axes.grid(alpha=0.3)
