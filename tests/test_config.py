@@ -165,6 +165,18 @@ def test_mjwarp_presets_win_over_the_env_file_given_on_the_command_line(task, pr
     assert settings.ppo.adaptive_lr_kl == 0.008 and settings.model.hidden_sizes == (256, 128, 64)
 
 
+def test_the_mjwarp_ant_preset_takes_every_sample_factory_value_over_the_shared_ones():
+    # mjwarp_ant stacks sample_factory_ppo on mjwarp_ppo (rl_games' values): none of rl_games' may show
+    # through, and the presets' shape and TF32 stay.
+    ant = compose_settings("+experiment=mjwarp_ant", "env=Ant-v4")
+    sf = compose_settings("+experiment=sample_factory_ppo", "env=Ant-v4")
+    assert dataclasses.replace(ant.ppo, num_steps=sf.ppo.num_steps, num_minibatches=sf.ppo.num_minibatches,
+                               matmul_precision=sf.ppo.matmul_precision) == sf.ppo
+    assert ant.model == sf.model and ant.ppo.norm_adv == "minibatch"
+    assert (ant.env.backend, ant.env.num_envs, ant.ppo.num_steps, ant.ppo.num_minibatches) == ("mjwarp", 1024, 8, 8)
+    assert ant.ppo.matmul_precision == "tf32" and sf.ppo.matmul_precision == "ieee"
+
+
 def test_the_ant_10m_experiment_normalises_over_the_batch_as_rl_games():
     assert compose_settings("+experiment=ant_10m").ppo.norm_adv == "batch"
     assert compose_settings().ppo.norm_adv == "minibatch"
