@@ -120,6 +120,10 @@ def our_sps(settings, device: torch.device, warmup: int) -> tuple[float, dict[st
         train(settings, run_dir, device)
         events = EventAccumulator(glob.glob(f"{run_dir}/events.out.tfevents.*")[0])
         events.Reload()
+        done, planned = len(events.Scalars("time/iteration")), settings.total_timesteps // settings.batch_size
+        if done < planned:  # stopped by a signal (a time limit's SIGTERM): a median of the warm-up is no rate
+            sys.exit(f"error: the training run stopped after {done} of its {planned} iterations ({warmup} of them "
+                     "warm-up), so there is no steady state to report")
         tags = ("time/iteration", "time/rollout", "time/env", "time/inference", "time/gae", "time/update")
         breakdown = {tag: statistics.median(e.value for e in events.Scalars(tag)[warmup:]) for tag in tags}
     return settings.batch_size / breakdown["time/iteration"], breakdown

@@ -1,8 +1,10 @@
 """Every script answers `--help`; scripts that only measure CUDA kernels say so in one line on a machine
 without a GPU, instead of a traceback from deep inside torch ("Torch not compiled with CUDA enabled")."""
 
+import importlib.util
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -42,3 +44,29 @@ def test_every_script_answers_help(script):
 def test_scripts_import_the_installed_package_without_editing_the_import_path():
     edits = [name for name in SOURCES if "sys.path" in (ROOT / "scripts" / name).read_text()]
     assert not edits and len(SCRIPTS) >= 10, edits
+
+
+@pytest.mark.parametrize("logged", [1, 3])
+def test_benchmark_e2e_has_no_rate_for_a_training_run_stopped_early(logged, tmp_path, monkeypatch):
+    # A time limit's SIGTERM ends the training run early and cleanly: the benchmark must then say so,
+    # not take a median of warm-up iterations (nor fail on an empty one).
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location("benchmark_e2e", ROOT / "scripts" / "benchmark_e2e.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+
+    def train(settings, run_dir, device):
+        with SummaryWriter(run_dir) as writer:
+            for iteration in range(logged):
+                for tag in ("time/iteration", "time/rollout", "time/env", "time/inference", "time/gae", "time/update"):
+                    writer.add_scalar(tag, 0.5, (iteration + 1) * settings.batch_size)
+
+    monkeypatch.setattr(benchmark, "train", train)
+    settings = types.SimpleNamespace(total_timesteps=3 * 64, batch_size=64)
+    if logged < 3:
+        with pytest.raises(SystemExit, match="stopped after 1 of its 3 iterations"):
+            benchmark.our_sps(settings, torch.device("cpu"), warmup=2)
+    else:
+        assert benchmark.our_sps(settings, torch.device("cpu"), warmup=2)[0] == 128
