@@ -150,16 +150,17 @@ def test_every_experiment_file_composes_into_valid_settings(experiment):
     assert settings.batch_size % settings.ppo.num_minibatches == 0
 
 
-@pytest.mark.parametrize("task, preset, rate, epochs, minibatches", [
-    ("Walker2d-v4", "mjwarp_walker2d", 3e-4, 4, 2),  # the shared values (mjwarp_ppo.yaml)
-    ("Hopper-v4", "mjwarp_hopper", 5e-4, 5, 4),      # rl_games' Hopper values over them
+@pytest.mark.parametrize("task, preset, shape, rate, epochs, minibatches", [
+    ("Walker2d-v4", "mjwarp_walker2d", (256, 32), 3e-4, 4, 2),  # the shared values, longer rollouts
+    ("Hopper-v4", "mjwarp_hopper", (1024, 8), 5e-4, 5, 4),      # rl_games' Hopper values over them
 ])
-def test_mjwarp_presets_win_over_the_env_file_given_on_the_command_line(task, preset, rate, epochs, minibatches):
+def test_mjwarp_presets_win_over_the_env_file_given_on_the_command_line(task, preset, shape, rate, epochs,
+                                                                         minibatches):
     # As scripts/reproduce_baselines.py runs them: `+experiment=mjwarp_<task> env=<Task>-v4`; the env file's
     # own PPO values (Hopper-v4: 8 envs x 256 steps, 32 minibatches x 10 epochs) must not leak in.
     settings = compose_settings(f"+experiment={preset}", f"env={task}")
     assert (settings.env.id, settings.env.backend, settings.env.num_envs, settings.ppo.num_steps) == (
-        task, "mjwarp", 1024, 8)
+        task, "mjwarp", *shape)
     assert (settings.ppo.learning_rate, settings.ppo.update_epochs, settings.ppo.num_minibatches) == (
         rate, epochs, minibatches)
     assert settings.ppo.adaptive_lr_kl == 0.008 and settings.model.hidden_sizes == (256, 128, 64)
