@@ -107,6 +107,7 @@ def refuse(message: str, code: int) -> NoReturn:
     made for it (it holds nothing but Hydra's `.hydra/` record of the command, so a typo leaves no
     empty run behind), and exit with `code`."""
     print(message, file=sys.stderr)
+    run_records.restore_record()  # a refused resume in place leaves its run's record as it was
     run_records.remove_if_unused(HydraConfig.get().runtime.output_dir)
     sys.exit(code)
 
@@ -273,6 +274,8 @@ class RunDirLock(Callback):
             sys.exit(EXIT_REFUSED)
         resume = OmegaConf.select(config, "resume", default=None)  # the settings' checks come later
         claim_run_dir(str(run_dir), None if resume is None else str(resume))
+        if resume is not None:
+            run_records.keep_record(str(run_dir))
 
 
 def sweep_arguments(config: DictConfig) -> list[str]:

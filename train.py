@@ -81,6 +81,8 @@ def ended_by_signal(interrupt: Interrupted) -> None:
     sweep's jobs that never ran, and the shell's exit code for a signal."""
     removed = [run_dir for run_dir in run_records.new_dirs() if run_records.discard_if_new(run_dir)]
     ran = interrupt.said or StopOnSignal.ended
+    if not ran:  # stopped before training: a resume in place leaves its run's record as it was
+        run_records.restore_record()
     if interrupt.said:  # a second signal while training: train.log and the console have its line
         pass
     elif StopOnSignal.ended:

@@ -184,6 +184,23 @@ def test_checkpoints_load_weights_only_and_older_ones_still_do(tmp_path):
         load_checkpoint(tmp_path / "code.pt", torch.device("cpu"))
 
 
+def test_a_resume_refused_in_place_leaves_its_runs_record_and_names_the_runs_own_command(tmp_path):
+    # Hydra writes the command's .hydra/ record before the resume is checked: a refused resume sent into
+    # the run's own dir must not leave its command there (the next resume command is built from it).
+    run = tmp_path / "a"
+    common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
+              "ppo.update_epochs=1", "device=cpu", "total_timesteps=512"]
+    assert run_train(*common, f"hydra.run.dir={run}").returncode == 0
+    record = {path.name: path.read_bytes() for path in (run / ".hydra").glob("*.yaml")}
+    refused = run_train(f"resume={run}", f"hydra.run.dir={run}")
+    assert refused.returncode == 2 and "its run trained with other settings: env.id InvertedPendulum-v4" in refused.stderr
+    assert {path.name: path.read_bytes() for path in (run / ".hydra").glob("*.yaml")} == record
+    suggested = shlex.split(refused.stderr.split("own overrides: ")[1].split("; or set")[0])
+    assert suggested == ["python", "train.py", *common, f"resume={run}", f"hydra.run.dir={run}"]
+    onward = run_train(*suggested[2:], "total_timesteps=1024")
+    assert onward.returncode == 0 and "finished at step 1,024" in onward.stdout, onward.stderr
+
+
 def test_a_resume_names_forgotten_overrides_continues_the_step_count_and_records_what_it_continues(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",

@@ -41,6 +41,7 @@ class AnotherRunsDir(RuntimeError):
 
 _claimed: dict[str, int] = {}  # run dir (absolute) -> the descriptor through which this process locks it
 _new: set[str] = set()  # the claimed run dirs that held nothing of an earlier run (`discard_if_new`)
+_kept_records: dict[Path, bytes] = {}  # a resumed run's `.hydra/` files before this command wrote its own
 
 
 def claim(run_dir: str) -> None:
@@ -125,6 +126,23 @@ def check_not_another_runs(run_dir: str, resume: str | None) -> None:
     raise AnotherRunsDir(f"run dir {run_dir} holds another run's checkpoint, which this run would overwrite; to "
                       f"continue that run add resume={shlex.quote(run_dir)}, to start a new one give it its own: "
                       f"hydra.run.dir={shlex.quote(run_dir + '_2')}")
+
+
+def keep_record(run_dir: str) -> None:
+    """Remember the Hydra record (`.hydra/*.yaml`) of the run a resume continues in place, before Hydra
+    writes this command's over it: where the resume is refused, `restore_record` puts the run's own back
+    (else its record, and the resume command built from it, would be of the refused command)."""
+    for path in sorted((Path(os.path.abspath(run_dir)) / ".hydra").glob("*.yaml")):
+        with contextlib.suppress(OSError):
+            _kept_records[path] = path.read_bytes()
+
+
+def restore_record() -> None:
+    """Put back the record `keep_record` remembered: a resume was refused before it trained."""
+    for path, data in _kept_records.items():
+        with contextlib.suppress(OSError):
+            path.write_bytes(data)
+    _kept_records.clear()
 
 
 def release(run_dir: str) -> None:
@@ -249,9 +267,12 @@ def cpu_name() -> str:
 
 def recorded_overrides(run_dir: str | Path) -> list[str]:
     """The command-line overrides Hydra recorded for a run (`<run dir>/.hydra/overrides.yaml`),
-    without Hydra's own `hydra.*` ones; [] where it kept no record."""
-    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
-    overrides = [str(o) for o in yaml.safe_load(recorded.read_text()) or []] if recorded.is_file() else []
+    without Hydra's own `hydra.*` ones; [] where it kept no record. While a resume in place is being
+    checked, the run's own (`keep_record`), not the resume command's Hydra just wrote there."""
+    recorded = Path(os.path.abspath(run_dir)) / ".hydra" / "overrides.yaml"
+    text = _kept_records[recorded].decode() if recorded in _kept_records else (
+        recorded.read_text() if recorded.is_file() else "")
+    overrides = [str(o) for o in yaml.safe_load(text) or []]
     return [o for o in overrides if not override_key(o).startswith("hydra.")]
 
 
@@ -291,7 +312,10 @@ def resumed_changes(settings: TrainSettings, saved: dict, given: frozenset[str])
         shown = ", ".join(f"{key} {command_value(old)} (here {command_value(new)})" for key, old, new in forgotten[:4])
         more = f" and {len(forgotten) - 4} more" if len(forgotten) > 4 else ""
         run_dir = resolve_checkpoint(settings.resume).parent.parent  # <run dir>/checkpoints/last.pt
-        command = resume_command(run_dir, settings.resume, settings.total_timesteps)
+        # This command's step target where it gave one; else the run's own (the default would end a run
+        # of 10M steps stopped at 3M at once: "already reaches total_timesteps").
+        total = settings.total_timesteps if "total_timesteps" in given else None
+        command = resume_command(run_dir, settings.resume, total)
         raise ConfigError(f"resume={settings.resume}: its run trained with other settings: {shown}{more}. Continue "
                           f"it with its own overrides: {command}; or set a key as key=value (to the run's value, "
                           f"or to a new one on purpose)")
