@@ -160,13 +160,13 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
                 "agent": {k: v.detach().cpu().clone() for k, v in agent.state_dict().items()},
                 "obs_normalizer": {k: v.detach().cpu().clone() for k, v in obs_normalizer.state_dict().items()}}
 
-    def report_videos(finished: tuple[list, str | None]) -> None:
+    def report_videos(finished: tuple[list, str | None], ended: bool = False) -> None:
         videos, error = finished
         for step, path, episodic_return, frames in videos:
             logger.say(f"video at step {step:,}: {path} ({frames} frames, return {episodic_return:.1f})")
             logger.video(step, path)
         if error:
-            logger.say(f"video.every: {error}; training goes on without videos", sys.stderr)
+            logger.say(f"video.every: {error}" + ("" if ended else "; training goes on without videos"), sys.stderr)
 
     # (episodes, mean return) per iteration that finished any; a resume continues its run's
     recent: list[tuple[float, float]] = [tuple(pair) for pair in checkpoint.get("recent_episodes", [])] \
@@ -256,7 +256,7 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     finally:
         envs.close()
         if recorder is not None:  # the video in progress may finish, unless the run is being stopped
-            report_videos(recorder.close(wait_s=0 if failed or stop.requested else 60))
+            report_videos(recorder.close(wait_s=0 if failed or stop.requested else 60), ended=True)
         if logger.mirror is not None:
             logger.mirror.finish(failed)
         logger.close()

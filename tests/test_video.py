@@ -83,6 +83,26 @@ def test_training_records_videos_beside_the_loop_into_the_run_dir_and_tensorboar
     assert "video at step 256" in (tmp_path / "train.log").read_text()
 
 
+def test_a_video_still_recording_when_training_ends_is_said_not_dropped_silently():
+    # The recorder runs at nice 19: on a machine busy with other work it may not finish in the wait that
+    # training's end grants it. Then the run says which video it lost. (No rendering needed: a stand-in
+    # recorder process that never answers.)
+    import queue
+    import types
+
+    from ppo.policy.video import VideoRecorder
+
+    recorder = VideoRecorder.__new__(VideoRecorder)
+    recorder._jobs, recorder._results = queue.Queue(maxsize=1), queue.Queue()
+    recorder._process = types.SimpleNamespace(is_alive=lambda: True, join=lambda timeout=None: None,
+                                              terminate=lambda: None, exitcode=None)
+    recorder._busy, recorder._asked, recorder.stopped = 1, 2048, False
+    videos, error = recorder.close(wait_s=0.2)
+    assert videos == [] and error.startswith("the video of step 2,048 did not finish within 0.2 s of training's end")
+    recorder._busy = 1
+    assert recorder.close(wait_s=0) == ([], None)  # a run that failed or was stopped does not wait, nor say so
+
+
 def test_a_machine_that_cannot_render_refuses_a_video_run_before_it_trains(tmp_path):
     import os
 

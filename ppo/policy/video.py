@@ -234,6 +234,7 @@ class VideoRecorder:
         with _deaf_children():
             self._process.start()
         self._busy = 0  # jobs handed over and not yet reported
+        self._asked = 0  # the step of the last video asked for
         self.stopped = False
 
     def submit(self, step: int, state: dict) -> bool:
@@ -251,6 +252,7 @@ class VideoRecorder:
         except queue.Full:
             return False
         self._busy += 1
+        self._asked = step
         return True
 
     def poll(self) -> tuple[list[tuple], str | None]:
@@ -281,6 +283,9 @@ class VideoRecorder:
             time.sleep(0.1)
             more, error = self.poll()
             videos += more
+        if self._busy and not self.stopped and wait_s > 0:  # a starved recorder (nice 19): said, not dropped silently
+            error = (f"the video of step {self._asked:,} did not finish within {wait_s:g} s of training's end "
+                     "(the recorder runs at nice 19 and yields to any other work); it was not recorded")
         try:
             self._jobs.put(None, timeout=1)
         except queue.Full:
