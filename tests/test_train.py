@@ -201,6 +201,22 @@ def test_a_resume_refused_in_place_leaves_its_runs_record_and_names_the_runs_own
     assert onward.returncode == 0 and "finished at step 1,024" in onward.stdout, onward.stderr
 
 
+def test_an_accepted_resume_in_place_keeps_its_own_record(tmp_path):
+    # What keep_record remembers is put back only where the resume is refused: an accepted one's stop line
+    # is built from its own command (a target raised on purpose, say), which Hydra wrote over the run's.
+    from ppo.run import records
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- env=Hopper-v4\n")
+    records.keep_record(str(tmp_path))
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- env=Hopper-v4\n- total_timesteps=2000000\n")
+    try:
+        assert records.recorded_overrides(tmp_path) == ["env=Hopper-v4", "total_timesteps=2000000"]
+    finally:
+        records.restore_record()
+    assert records.recorded_overrides(tmp_path) == ["env=Hopper-v4"]
+
+
 def test_a_resume_names_forgotten_overrides_continues_the_step_count_and_records_what_it_continues(tmp_path):
     common = ["env=InvertedPendulum-v4", "env.num_envs=4", "ppo.num_steps=64", "ppo.num_minibatches=4",
               "ppo.update_epochs=1", "device=cpu", "checkpoint.every=1", "ppo.normalize_values=true",

@@ -267,12 +267,9 @@ def cpu_name() -> str:
 
 def recorded_overrides(run_dir: str | Path) -> list[str]:
     """The command-line overrides Hydra recorded for a run (`<run dir>/.hydra/overrides.yaml`),
-    without Hydra's own `hydra.*` ones; [] where it kept no record. While a resume in place is being
-    checked, the run's own (`keep_record`), not the resume command's Hydra just wrote there."""
-    recorded = Path(os.path.abspath(run_dir)) / ".hydra" / "overrides.yaml"
-    text = _kept_records[recorded].decode() if recorded in _kept_records else (
-        recorded.read_text() if recorded.is_file() else "")
-    overrides = [str(o) for o in yaml.safe_load(text) or []]
+    without Hydra's own `hydra.*` ones; [] where it kept no record."""
+    recorded = Path(run_dir) / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in yaml.safe_load(recorded.read_text()) or []] if recorded.is_file() else []
     return [o for o in overrides if not override_key(o).startswith("hydra.")]
 
 
@@ -312,6 +309,7 @@ def resumed_changes(settings: TrainSettings, saved: dict, given: frozenset[str])
         shown = ", ".join(f"{key} {command_value(old)} (here {command_value(new)})" for key, old, new in forgotten[:4])
         more = f" and {len(forgotten) - 4} more" if len(forgotten) > 4 else ""
         run_dir = resolve_checkpoint(settings.resume).parent.parent  # <run dir>/checkpoints/last.pt
+        restore_record()  # refused: a resume in place gives the run its own record back, read just below
         # This command's step target where it gave one; else the run's own (the default would end a run
         # of 10M steps stopped at 3M at once: "already reaches total_timesteps").
         total = settings.total_timesteps if "total_timesteps" in given else None
