@@ -481,8 +481,11 @@ def _threads_on_one_cpu() -> set[str]:
 
     pinned = set()
     for status in glob.glob("/proc/self/task/*/status"):
-        with open(status) as f:
-            allowed = next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
+        try:
+            with open(status) as f:
+                allowed = next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list:"))
+        except FileNotFoundError:  # a thread (of another test's pool) ended between listing and reading
+            continue
         if allowed.isdigit():
             pinned.add(f"{status.split('/')[4]}:{allowed}")
     return pinned
