@@ -287,12 +287,13 @@ def opening_lines(settings: TrainSettings, device: torch.device, run_dir: str, g
         lines.append(f"resumed from {path} at step {step:,} (iteration {iteration})")
     warmed = [path for path in fast_paths if path != "TF32 matrix products"]  # the rest need a first iteration
     if warmed:
-        # Compile times as measured. On CUDA the compiled loss's first update took 30-41 s on an H100 even
-        # with torch's cache filled by a run of the same preset (~50 s cold); a CPU compile's follows its cores.
-        takes = ("30-50 s on an H100 host, cached or not" if device.type == "cuda"
-                 else "~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core GPU host; "
-                      "seconds once cached")
-        compile_time = f" (torch.compile takes {takes})" if "compiled update" in fast_paths else ""
+        # As measured. On CUDA the first update (a real update, torch.compile's and the graph's capture) took
+        # 30-41 s on an H100 even with torch's cache filled by a run of the same preset (~50 s cold); which
+        # part takes it is not yet known. A CPU compile's time follows its cores.
+        takes = ("the first update takes 30-50 s on an H100 host, cached or not" if device.type == "cuda"
+                 else "torch.compile takes ~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core "
+                      "GPU host; seconds once cached")
+        compile_time = f" ({takes})" if "compiled update" in fast_paths else ""
         lines.append(f"the first iteration also warms up the {' and '.join(warmed)} (one-off){compile_time}")
     if fallback:
         lines.append(fallback)
