@@ -288,9 +288,10 @@ def opening_lines(settings: TrainSettings, device: torch.device, run_dir: str, g
     warmed = [path for path in fast_paths if path != "TF32 matrix products"]  # the rest need a first iteration
     if warmed:
         # As measured. On CUDA the first update (a real update, torch.compile's and the graph's capture) took
-        # 30-41 s on an H100 even with torch's cache filled by a run of the same preset (~50 s cold); which
-        # part takes it is not yet known. A CPU compile's time follows its cores.
-        takes = ("the first update takes 30-50 s on an H100 host, cached or not" if device.type == "cuda"
+        # 8.9 s on an H100 host with torch's cache filled by a run of the same preset (Ant), 17 s with the
+        # loss compiled afresh (Humanoid). A CPU compile's time follows its cores.
+        takes = ("the first update takes ~10 s on an H100 host once torch's cache holds it, ~20 s before"
+                 if device.type == "cuda"
                  else "torch.compile takes ~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core "
                       "GPU host; seconds once cached")
         compile_time = f" ({takes})" if "compiled update" in fast_paths else ""

@@ -436,6 +436,21 @@ def test_when_the_update_compiles_and_which_loss_it_runs(monkeypatch):
     assert not compiles(PPOSettings(compile=False), cuda, 10 * CPU_COMPILE_MIN_STEPS)
 
 
+def test_the_cuda_loss_compile_does_not_ask_for_the_cpu_vector_width(monkeypatch):
+    # Inductor finds the width by trying its ISAs with the host's C++ compiler: 45 s of the first update
+    # on a GPU host, for nothing (CUDA code has no CPU width). The CPU compile names it (see below).
+    from ppo import update
+
+    asked, options = [], {}
+    monkeypatch.setattr(update, "vector_width_option", lambda: asked.append(1) or {"cpp.simdlen": 256})
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: options.update({fn: kwargs["options"]}) or fn)
+    for device, width in (("cuda", {}), ("cpu", {"cpp.simdlen": 256})):
+        monkeypatch.setattr(update, "_compiled_loss", None)
+        assert update._loss_function(PPOSettings(compile=True), torch.device(device)) is ppo_loss
+        assert options[ppo_loss] == width
+    assert len(asked) == 1
+
+
 def test_a_cxx_compiler_is_looked_up_on_the_path(monkeypatch, tmp_path):
     import sysconfig
 
