@@ -20,7 +20,7 @@ import torch
 
 from buffers import RolloutBuffer
 from ppo import distributed
-from ppo.agent import make_agent
+from ppo.agent import make_agent, side_by_side_pays
 from ppo.collect import Collector
 from ppo.config import ConfigError, TrainSettings, flat_settings
 from ppo.envs import make_envs
@@ -95,8 +95,8 @@ def train(settings: TrainSettings, run_dir: str, device: torch.device, given: fr
     ppo = dataclasses.replace(ppo, fused_update=fuses(ppo, agent, device, workers.world_size, minibatch_size))
     compiled = compiles(ppo, device, settings.total_timesteps - global_step) and not ppo.fused_update
     ppo = dataclasses.replace(ppo, compile=compiled)
-    # On a GPU the compiled loss runs actor and critic side by side (fewer kernels a step); on a CPU that is slower.
-    agent.set_side_by_side(compiled and device.type == "cuda")
+    # On a GPU the compiled loss runs actor and critic side by side (fewer kernels a step) up to a minibatch size.
+    agent.set_side_by_side(compiled and side_by_side_pays(device, minibatch_size))
     # CUDA graphs for collection and update on one GPU (a torchrun group's all-reduces are not captured).
     graphs = ppo.cuda_graphs and device.type == "cuda" and workers.world_size == 1
     optimizer = make_optimizer(agent, ppo, device, graphs)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ppo.agent import Agent, make_agent
+from ppo.agent import SIDE_BY_SIDE_MAX_MINIBATCH, Agent, make_agent, side_by_side_pays
 from ppo.config import ModelSettings
 
 
@@ -72,6 +72,14 @@ def test_side_by_side_networks_compute_what_the_separate_ones_do(hidden_sizes, a
     torch.testing.assert_close(v_b, v_a)
     for a, b in zip(g_a, g_b, strict=True):
         torch.testing.assert_close(b, a)
+
+
+def test_side_by_side_is_for_small_minibatches_on_a_gpu():
+    # Its batched weight gradients lose to two plain products past SIDE_BY_SIDE_MAX_MINIBATCH samples.
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert side_by_side_pays(cuda, 1024) and side_by_side_pays(cuda, SIDE_BY_SIDE_MAX_MINIBATCH)
+    assert not side_by_side_pays(cuda, SIDE_BY_SIDE_MAX_MINIBATCH + 1) and not side_by_side_pays(cuda, 262_144)
+    assert not side_by_side_pays(cpu, 64)
 
 
 def test_side_by_side_applies_only_to_separate_networks_with_hidden_layers():

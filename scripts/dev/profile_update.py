@@ -17,7 +17,7 @@ import sys
 import torch
 
 from buffers import RolloutBuffer
-from ppo.agent import Agent
+from ppo.agent import Agent, side_by_side_pays
 from ppo.config import PPOSettings
 from ppo.update import Updater, make_optimizer
 from ppo.update import fused as fused_update
@@ -41,7 +41,9 @@ def main() -> None:
     if args.num_warps is not None:
         fused_update.NUM_WARPS[args.precision] = args.num_warps
     settings = PPOSettings(compile=args.compile, fused_update=args.fused, fused_precision=args.precision)
-    agent = Agent(args.obs_dim, args.act_dim, side_by_side=args.compile and not args.fused).to(device)  # as train.py
+    minibatch_size = settings.num_steps * 64 // settings.num_minibatches
+    side_by_side = args.compile and not args.fused and side_by_side_pays(device, minibatch_size)  # as train.py
+    agent = Agent(args.obs_dim, args.act_dim, side_by_side=side_by_side).to(device)
     buffer = RolloutBuffer(settings.num_steps, 64, args.obs_dim, args.act_dim, device)
     for name in ("observations", "actions", "values", "advantages", "returns"):
         getattr(buffer, name).normal_()
