@@ -288,9 +288,9 @@ def opening_lines(settings: TrainSettings, device: torch.device, run_dir: str, g
     warmed = [path for path in fast_paths if path != "TF32 matrix products"]  # the rest need a first iteration
     if warmed:
         # As measured. On CUDA the first update (a real update, torch.compile's and the graph's capture) took
-        # 8.9 s on an H100 host with torch's cache filled by a run of the same preset (Ant), 17 s with the
-        # loss compiled afresh (Humanoid). A CPU compile's time follows its cores.
-        takes = ("the first update takes ~10 s on an H100 host once torch's cache holds it, ~20 s before"
+        # 3.9-5.2 s in Ant's runs on an H100 host with torch's cache filled by a run of the same preset; with the
+        # loss compiled afresh 8.9 s (Ant), 17 s (Humanoid-v5, 65,536 worlds). A CPU compile's time follows its cores.
+        takes = ("the first update takes ~5 s on an H100 host once torch's cache holds it, ~20 s before"
                  if device.type == "cuda"
                  else "torch.compile takes ~25 s on a 2-core CPU, about a minute on the slow cores of a 16-core "
                       "GPU host; seconds once cached")
