@@ -142,7 +142,7 @@ class Agent(nn.Module):
 
 # The largest minibatch for which side by side pays. Its batched weight gradients get no split-K from
 # cuBLAS: on an H100 (TF32) one [2, N, 348] x [2, N, 256] product took 0.046 ms against two plain ones'
-# 0.044 at N = 4,096, 0.169 against 0.061 at 16,384 and 2.55 against 0.37 at 262,144, where Humanoid-v5's
+# 0.044 at N = 4,096, 0.169 against 0.061 at 16,384 and 2.55 against 0.58 at 262,144, where Humanoid-v5's
 # update on 65,536 worlds went from 111 to 52 ms an iteration with the networks apart.
 SIDE_BY_SIDE_MAX_MINIBATCH = 4096
 
